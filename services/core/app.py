@@ -1,0 +1,30 @@
+"""Core's Flask app factory."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from services.core.config import CoreConfig
+from services.core.context import EXTENSION, CoreContext
+from shared.api import make_api
+from shared.idempotency import APP_DB
+from shared.identity.auth import IDENTITY_DB
+
+VERSION = "0.1.0"
+
+
+def create_app(config: CoreConfig | None = None, *, context: CoreContext | None = None) -> Flask:
+    """Build core's WSGI app. Pass a `context` to share databases with other parts."""
+    if context is None:
+        context = CoreContext.build(config or CoreConfig.from_env())
+    app = Flask("settle.core")
+    app.extensions[EXTENSION] = context
+    app.extensions[APP_DB] = context.db
+    app.extensions[IDENTITY_DB] = context.identity_db
+    api = make_api(app, title="Settle core API", version=VERSION, openapi_path="/v1/openapi.json")
+
+    from services.core.api import chains, status
+
+    for module in (chains, status):
+        api.register_blueprint(module.blp)
+    return app

@@ -1,0 +1,156 @@
+"""Chains and their assets, read from a data file ops can change (chains.toml).
+
+The registry is immutable and loaded once per process; the live fee is not here
+(it changes) but in the `chain_fees` table, written by the fee oracle.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from eth_utils import is_checksum_address
+
+from shared.errors import UnsupportedChain
+
+#: The file shipped with Settle; SETTLE_CHAINS_FILE points elsewhere.
+DEFAULT_CHAINS_FILE = Path(__file__).with_name("chains.toml")
+
+ACTIVE = "active"
+DECLARED = "declared"
+
+
+@dataclass(frozen=True)
+class Asset:
+    symbol: str
+    token_address: str
+    decimals: int
+
+
+@dataclass(frozen=True)
+class Chain:
+    chain_id: int
+    name: str
+    status: str
+    native_symbol: str
+    native_usd: Decimal
+    gas_price_gwei: Decimal
+    settlement_gas_units: int
+    confirmations: int
+    min_deposit_usd: Decimal | None
+    assets: tuple[Asset, ...] = ()
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == ACTIVE
+
+    def asset_by_symbol(self, symbol: str) -> Asset | None:
+        return next((a for a in self.assets if a.symbol == symbol), None)
+
+    def asset_by_token(self, token_address: str) -> Asset | None:
+        wanted = token_address.lower()
+        return next((a for a in self.assets if a.token_address.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class ChainRegistry:
+    chains: tuple[Chain, ...]
+    default_venue_chain_id: int
+    default_venue_asset: str
+    _by_id: dict[int, Chain] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {c.chain_id: c for c in self.chains})
+
+    def get(self, chain_id: int) -> Chain | None:
+        return self._by_id.get(chain_id)
+
+    def active(self) -> tuple[Chain, ...]:
+        return tuple(c for c in self.chains if c.is_active)
+
+    def require_active(self, chain_id: int) -> Chain:
+        """The active chain, or `unsupported_chain` (declared or unknown chains)."""
+        chain = self._by_id.get(chain_id)
+        if chain is None:
+            raise UnsupportedChain(f"chain {chain_id} is not supported")
+        if not chain.is_active:
+            raise UnsupportedChain(
+                f"chain {chain_id} ({chain.name}) is declared but not active yet"
+            )
+        return chain
+
+    def position(self, chain_id: int) -> int:
+        return next(i for i, c in enumerate(self.chains) if c.chain_id == chain_id)
+
+
+class ChainsFileError(ValueError):
+    """The chains file is not usable; the message says where."""
+
+
+def _decimal(value: object, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ChainsFileError(f"{where} must be a number")
+    return Decimal(str(value))
+
+
+def _assets(raw: Iterable[dict[str, object]], where: str) -> tuple[Asset, ...]:
+    assets = []
+    for i, item in enumerate(raw):
+        token = str(item["token_address"])
+        if not is_checksum_address(token):
+            raise ChainsFileError(f"{where}.assets[{i}].token_address must be EIP-55 checksummed")
+        decimals = item["decimals"]
+        if not isinstance(decimals, int) or not 0 <= decimals <= 36:
+            raise ChainsFileError(f"{where}.assets[{i}].decimals must be 0..36")
+        assets.append(Asset(str(item["symbol"]), token, decimals))
+    return tuple(assets)
+
+
+def parse_chains(text: str) -> ChainRegistry:
+    """Parse and check the TOML text of a chains file."""
+    data = tomllib.loads(text)
+    chains = []
+    for i, raw in enumerate(data.get("chains", [])):
+        where = f"chains[{i}]"
+        try:
+            status = str(raw["status"])
+            if status not in (ACTIVE, DECLARED):
+                raise ChainsFileError(f"{where}.status must be active or declared")
+            floor = raw.get("min_deposit_usd")
+            chain = Chain(
+                chain_id=int(raw["chain_id"]),
+                name=str(raw["name"]),
+                status=status,
+                native_symbol=str(raw["native_symbol"]),
+                native_usd=_decimal(raw["native_usd"], f"{where}.native_usd"),
+                gas_price_gwei=_decimal(raw["gas_price_gwei"], f"{where}.gas_price_gwei"),
+                settlement_gas_units=int(raw["settlement_gas_units"]),
+                confirmations=int(raw["confirmations"]),
+                min_deposit_usd=None
+                if floor is None
+                else _decimal(floor, f"{where}.min_deposit_usd"),
+                assets=_assets(raw.get("assets", []), where) if status == ACTIVE else (),
+            )
+        except KeyError as missing:
+            raise ChainsFileError(f"{where} lacks {missing}") from None
+        if chain.confirmations < 1:
+            raise ChainsFileError(f"{where}.confirmations must be at least 1")
+        chains.append(chain)
+    ids = [c.chain_id for c in chains]
+    if len(set(ids)) != len(ids):
+        raise ChainsFileError("a chain_id appears twice")
+    venue = data.get("default_settlement_venue", {})
+    registry = ChainRegistry(
+        tuple(chains), int(venue.get("chain_id", 0)), str(venue.get("asset", ""))
+    )
+    venue_chain = registry.get(registry.default_venue_chain_id)
+    if venue_chain is None or venue_chain.asset_by_symbol(registry.default_venue_asset) is None:
+        raise ChainsFileError("default_settlement_venue must name an active chain and its asset")
+    return registry
+
+
+def load_chains(path: Path | None = None) -> ChainRegistry:
+    return parse_chains((path or DEFAULT_CHAINS_FILE).read_text(encoding="utf-8"))

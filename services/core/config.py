@@ -1,0 +1,74 @@
+"""Core's settings, read once from the environment into a typed, frozen object."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.settings import (
+    SettingsError,
+    data_dir,
+    default_database_url,
+    env_bool,
+    env_float,
+    env_str,
+    environ,
+)
+
+_RPC_VAR = re.compile(r"^SETTLE_RPC_URL_(\d+)$")
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    database_url: str
+    identity_database_url: str
+    env: str = "dev"
+    amqp_url: str | None = None
+    data_dir: Path = Path("./.settle")
+    chains_file: Path | None = None
+    #: BIP32 extended public key the deposit addresses derive from.
+    deposit_xpub: str | None = None
+    #: Sandbox deposits for every tenant (not only sandbox tenants).
+    sandbox: bool = False
+    rpc_urls: Mapping[int, str] = field(default_factory=dict)
+    fee_refresh_s: float = 30.0
+    #: How long GET /v1/chains may serve fees read from the database.
+    chains_cache_s: float = 1.0
+    db_pool_size: int = 10
+
+    @property
+    def is_dev(self) -> bool:
+        return self.env == "dev"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CoreConfig:
+        env = environ() if env is None else env
+        mode = env_str(env, "SETTLE_ENV", "dev") or "dev"
+        if mode not in ("dev", "production"):
+            raise SettingsError("SETTLE_ENV must be dev or production")
+        database_url = default_database_url(env)
+        xpub = env_str(env, "SETTLE_DEPOSIT_XPUB")
+        if mode == "production" and not xpub:
+            raise SettingsError("SETTLE_DEPOSIT_XPUB is required in production")
+        chains_file = env_str(env, "SETTLE_CHAINS_FILE")
+        rpc_urls = {
+            int(m.group(1)): value
+            for name, value in env.items()
+            if (m := _RPC_VAR.match(name)) and value
+        }
+        return cls(
+            database_url=database_url,
+            identity_database_url=env_str(env, "SETTLE_IDENTITY_DATABASE_URL", database_url)
+            or database_url,
+            env=mode,
+            amqp_url=env_str(env, "SETTLE_AMQP_URL"),
+            data_dir=data_dir(env),
+            chains_file=Path(chains_file) if chains_file else None,
+            deposit_xpub=xpub,
+            sandbox=env_bool(env, "SETTLE_SANDBOX", mode == "dev"),
+            rpc_urls=rpc_urls,
+            fee_refresh_s=env_float(env, "SETTLE_FEE_REFRESH_S", 30.0),
+            chains_cache_s=env_float(env, "SETTLE_CHAINS_CACHE_S", 1.0),
+        )

@@ -1,0 +1,4 @@
+from services.core.models import CoreBase
+from shared.migrate import run_env
+
+run_env(CoreBase.metadata)

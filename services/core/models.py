@@ -1,0 +1,115 @@
+"""Core's tables: live fees, destination policies, deposit accounts and addresses,
+the outbox and idempotency keys. (Deposits: services/core/deposits/models.py.)"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from shared.db import BigIntPK, JSONType, UTCDateTime
+from shared.idempotency import IdempotencyRecordMixin
+from shared.timefmt import utcnow
+
+
+class CoreBase(DeclarativeBase):
+    pass
+
+
+class ChainFee(CoreBase):
+    """The live flat settlement fee of a chain, as the fee oracle last computed it."""
+
+    __tablename__ = "chain_fees"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    settlement_fee_usd: Mapped[Decimal] = mapped_column(sa.Numeric(20, 6))
+    gas_price_wei: Mapped[Decimal] = mapped_column(sa.Numeric(40, 0))
+    native_usd: Mapped[Decimal] = mapped_column(sa.Numeric(20, 6))
+    gas_units: Mapped[int] = mapped_column(sa.Integer)
+    #: `rpc` (read from the chain's node) or `configured`.
+    source: Mapped[str] = mapped_column(sa.String(20))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DestinationPolicy(CoreBase):
+    __tablename__ = "destination_policies"
+
+    tenant_id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    chain_id: Mapped[int] = mapped_column(sa.Integer)
+    address: Mapped[str] = mapped_column(sa.String(42))
+    token_address: Mapped[str] = mapped_column(sa.String(42))
+    venue: Mapped[str | None] = mapped_column(sa.String(120), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DepositAccount(CoreBase):
+    __tablename__ = "deposit_accounts"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
+        {"sqlite_autoincrement": True},
+    )
+
+    #: Also the BIP32 index of the account's deposit addresses: never reused.
+    pk: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(sa.String(40), unique=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    external_user_id: Mapped[str] = mapped_column(sa.String(255))
+    status: Mapped[str] = mapped_column(sa.String(20), default="active")
+    dest_chain_id: Mapped[int] = mapped_column(sa.Integer)
+    dest_address: Mapped[str] = mapped_column(sa.String(42))
+    dest_token_address: Mapped[str] = mapped_column(sa.String(42))
+    #: The API key that last set the destination (reported in events).
+    dest_set_by_key_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    addresses: Mapped[list[DepositAddress]] = relationship(
+        back_populates="account", order_by="DepositAddress.position", lazy="selectin"
+    )
+
+
+class DepositAddress(CoreBase):
+    __tablename__ = "deposit_addresses"
+
+    account_pk: Mapped[int] = mapped_column(sa.ForeignKey("deposit_accounts.pk"), primary_key=True)
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    #: Checksummed; unique across all tenants.
+    address: Mapped[str] = mapped_column(sa.String(42), unique=True)
+    #: Order of the chain in the chains file, so lists read the same every time.
+    position: Mapped[int] = mapped_column(sa.Integer, default=0)
+
+    account: Mapped[DepositAccount] = relationship(back_populates="addresses")
+
+
+class OutboxEvent(CoreBase):
+    """A domain event written in the same transaction as the change that caused it."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        sa.Index(
+            "ix_outbox_unpublished",
+            "id",
+            postgresql_where=sa.text("published_at IS NULL"),
+            sqlite_where=sa.text("published_at IS NULL"),
+        ),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    #: `evt_...`; unique, so a durable event cannot be written twice.
+    event_id: Mapped[str] = mapped_column(sa.String(120), unique=True)
+    event_type: Mapped[str] = mapped_column(sa.String(60))
+    tenant_id: Mapped[str] = mapped_column(sa.String(36), index=True)
+    #: The exact envelope bytes (UTF-8 JSON) that receivers will get.
+    body: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class IdempotencyRecord(CoreBase, IdempotencyRecordMixin):
+    __tablename__ = "idempotency_keys"

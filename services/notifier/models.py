@@ -1,0 +1,122 @@
+"""Notifier's tables: events as received, endpoints, deliveries and their attempts.
+
+Names carry a `notifier_`/`webhook_` prefix so the notifier can share a database
+with core (the embedded mode does).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shared.db import BigIntPK, JSONType, UTCDateTime
+from shared.idempotency import IdempotencyRecordMixin
+
+#: Delivery statuses.
+PENDING, RETRYING, SUCCEEDED, FAILED = "pending", "retrying", "succeeded", "failed"
+DELIVERY_STATUSES = (PENDING, RETRYING, SUCCEEDED, FAILED)
+#: Endpoint statuses.
+ENABLED, DISABLED = "enabled", "disabled"
+
+
+class NotifierBase(DeclarativeBase):
+    pass
+
+
+class StoredEvent(NotifierBase):
+    """A domain event, stored once (its id is the primary key)."""
+
+    __tablename__ = "notifier_events"
+    __table_args__ = (sa.Index("ix_notifier_events_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(sa.String(120), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    event_type: Mapped[str] = mapped_column(sa.String(60))
+    #: The exact body bytes (UTF-8 JSON) every delivery of the event sends.
+    body: Mapped[str] = mapped_column(sa.Text)
+    #: The envelope's createdAt (when core committed it).
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Endpoint(NotifierBase):
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36), index=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    url: Mapped[str] = mapped_column(sa.String(2048))
+    event_types: Mapped[list[str]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(sa.String(20), default=ENABLED)
+    #: Why it is disabled (`failing` when the notifier disabled it, `manual` by PATCH).
+    disabled_reason: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    #: Fernet token of the current secret (encrypted with SETTLE_SECRET_KEY).
+    secret_encrypted: Mapped[str] = mapped_column(sa.Text)
+    previous_secret_encrypted: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: Start of the current run of failed attempts (None after a success).
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Delivery(NotifierBase):
+    """One event to one endpoint; retried until it succeeds or the schedule runs out."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        sa.Index("ix_deliveries_tenant_created", "tenant_id", "created_at"),
+        sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
+        sa.Index("ix_deliveries_endpoint", "endpoint_id", "created_at"),
+        sa.Index("ix_deliveries_event", "event_id"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    endpoint_id: Mapped[str] = mapped_column(sa.ForeignKey("webhook_endpoints.id"))
+    event_id: Mapped[str] = mapped_column(sa.ForeignKey("notifier_events.id"))
+    event_type: Mapped[str] = mapped_column(sa.String(60))
+    status: Mapped[str] = mapped_column(sa.String(20), default=PENDING)
+    attempt_count: Mapped[int] = mapped_column(sa.Integer, default=0)
+    #: When the next attempt is due (None once final).
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: A worker holds the delivery until then; the sweeper re-enqueues after it.
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: The delivery this one replays (POST .../replay), if any.
+    replay_of: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_response_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
+    succeeded_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Attempt(NotifierBase):
+    """One HTTP attempt of a delivery, as it happened."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (
+        sa.Index("ix_attempts_delivery", "delivery_id", "number"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(sa.ForeignKey("webhook_deliveries.id"))
+    number: Mapped[int] = mapped_column(sa.Integer)
+    attempted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    response_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    latency_ms: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    #: `timeout`, `connection_refused`, `blocked_address`, `http_500`, ... or None on success.
+    error: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
+    #: The first 4 KiB of the response body.
+    response_body: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    #: The signature header sent, so support can see which secret signed it.
+    signature_header: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+
+
+class NotifierIdempotencyRecord(NotifierBase, IdempotencyRecordMixin):
+    __tablename__ = "notifier_idempotency_keys"

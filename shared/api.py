@@ -1,0 +1,224 @@
+"""HTTP building blocks both services share: blueprint, schemas, fields, pagination.
+
+Thin subclasses of flask-smorest and marshmallow so our error format, camelCase
+names and timestamp format live in one place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, NoReturn
+
+import flask_smorest
+import marshmallow as ma
+from eth_utils import is_checksum_address, is_hex_address, to_checksum_address
+from flask import Flask
+from webargs.flaskparser import FlaskParser
+
+from shared.errors import InvalidJson, InvalidRequest, register_error_handlers
+from shared.timefmt import iso_ms, parse_iso
+
+#: Body size limit of DESIGN.md (413 above it).
+MAX_BODY_BYTES = 256 * 1024
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
+    """marshmallow's nested messages -> {"destination.chainId": ["..."]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(messages, Mapping):
+        for key, value in messages.items():
+            name = "body" if key == "_schema" else str(key)
+            path = f"{prefix}.{name}" if prefix and name != "body" else (prefix or name)
+            out.update(_flatten(value, path))
+    elif isinstance(messages, list | tuple) and all(isinstance(m, str) for m in messages):
+        out[prefix or "body"] = list(messages)
+    elif isinstance(messages, list | tuple):
+        for item in messages:
+            out.update(_flatten(item, prefix))
+    else:
+        out[prefix or "body"] = [str(messages)]
+    return out
+
+
+def invalid_request_from(messages: Any) -> InvalidRequest:
+    """One readable sentence naming each bad field, with the fields in details."""
+    fields = _flatten(messages)
+    sentence = "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in sorted(fields.items()))
+    return InvalidRequest(sentence or "the request is not valid", details={"fields": fields})
+
+
+class ArgumentsParser(FlaskParser):
+    """webargs parser that fails with our error format."""
+
+    DEFAULT_VALIDATION_STATUS = 400
+
+    def handle_error(
+        self,
+        error: ma.ValidationError,
+        req: Any,
+        schema: ma.Schema,
+        *,
+        error_status_code: int | None,
+        error_headers: Any,
+    ) -> NoReturn:
+        messages = error.messages
+        if isinstance(messages, Mapping) and len(messages) == 1:
+            # webargs nests messages under the location ("json", "query").
+            ((location, inner),) = messages.items()
+            if location in {"json", "query", "headers", "path", "view_args"}:
+                messages = inner
+        raise invalid_request_from(messages)
+
+    def _handle_invalid_json_error(
+        self, error: Exception, req: Any, *args: Any, **kwargs: Any
+    ) -> NoReturn:
+        raise InvalidJson("the body is not valid JSON")
+
+
+class Blueprint(flask_smorest.Blueprint):
+    ARGUMENTS_PARSER = ArgumentsParser()
+
+
+class Schema(ma.Schema):
+    """Base schema: attribute names snake_case, wire names camelCase, unknown = error."""
+
+    class Meta:
+        unknown = ma.RAISE
+        ordered = True
+
+    def on_bind_field(self, field_name: str, field_obj: ma.fields.Field) -> None:
+        field_obj.data_key = camel(field_obj.data_key or field_name)
+
+
+class Timestamp(ma.fields.Field):
+    """ISO 8601 UTC with milliseconds on output; ISO 8601 on input."""
+
+    def _serialize(self, value: Any, attr: str | None, obj: Any, **kwargs: Any) -> str | None:
+        return None if value is None else iso_ms(value)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> datetime:
+        if not isinstance(value, str):
+            raise ma.ValidationError("must be an ISO 8601 timestamp string")
+        try:
+            return parse_iso(value)
+        except ValueError:
+            raise ma.ValidationError("must be an ISO 8601 timestamp") from None
+
+    def _jsonschema_type_mapping(self) -> dict[str, str]:
+        return {"type": "string", "format": "date-time"}
+
+
+def checksum_address(value: Any) -> str:
+    """Validate `0x` + 40 hex; reject a mixed-case address whose EIP-55 checksum is wrong."""
+    if not isinstance(value, str) or len(value) != 42 or not value.startswith("0x"):
+        raise ma.ValidationError("must be 0x followed by 40 hex characters")
+    if not is_hex_address(value):
+        raise ma.ValidationError("must be 0x followed by 40 hex characters")
+    body = value[2:]
+    if body != body.lower() and body != body.upper() and not is_checksum_address(value):
+        raise ma.ValidationError("mixed-case address with a wrong EIP-55 checksum (a typo?)")
+    return str(to_checksum_address(value))
+
+
+class Address(ma.fields.String):
+    """An EVM address; any case in, EIP-55 checksummed out."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("metadata", {})
+        kwargs["metadata"].setdefault("pattern", "^0x[0-9a-fA-F]{40}$")
+        kwargs["metadata"].setdefault("example", "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48")
+        super().__init__(**kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        return checksum_address(value)
+
+
+class StrictInteger(ma.fields.Integer):
+    """An integer that refuses booleans, floats with fractions and numeric strings."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool | str):
+            raise ma.ValidationError("must be a number")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class ListArgs(Schema):
+    """Query arguments of every list: `limit` 1..200 (default 50) and an opaque `cursor`."""
+
+    class Meta:
+        unknown = ma.EXCLUDE
+
+    limit = ma.fields.Integer(load_default=50, validate=ma.validate.Range(min=1, max=200))
+    cursor = ma.fields.String(load_default=None, validate=ma.validate.Length(max=512))
+
+
+def encode_cursor(values: Mapping[str, Any]) -> str:
+    raw = json.dumps(values, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> dict[str, Any] | None:
+    """Opaque cursor -> its values; a damaged cursor is a 400 naming `cursor`."""
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        values = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(
+            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
+        ) from None
+    if not isinstance(values, dict):
+        raise InvalidRequest(
+            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
+        )
+    return values
+
+
+class ErrorSchema(Schema):
+    """The error body of every 4xx and 5xx."""
+
+    error = ma.fields.String(required=True, metadata={"example": "not_found: no such account"})
+    code = ma.fields.String(required=True, metadata={"example": "not_found"})
+    details = ma.fields.Dict()
+
+
+class Api(flask_smorest.Api):
+    """flask-smorest's Api documenting our error schema."""
+
+    ERROR_SCHEMA = ErrorSchema
+
+
+def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flask_smorest.Api:
+    """flask-smorest Api with our error format, JSON settings and OpenAPI location."""
+    prefix, _, json_name = openapi_path.rpartition("/")
+    app.config.setdefault("API_TITLE", title)
+    app.config.setdefault("API_VERSION", version)
+    app.config.setdefault("OPENAPI_VERSION", "3.0.3")
+    app.config.setdefault("OPENAPI_URL_PREFIX", prefix or "/")
+    app.config.setdefault("OPENAPI_JSON_PATH", json_name)
+    app.config.setdefault("MAX_CONTENT_LENGTH", MAX_BODY_BYTES)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.compact = True  # type: ignore[attr-defined]
+    api = Api(app)
+    api.spec.components.security_scheme(
+        "apiKey", {"type": "http", "scheme": "bearer", "description": "An `sk_...` API key."}
+    )
+    api.spec.components.security_scheme(
+        "session", {"type": "apiKey", "in": "cookie", "name": "settle_session"}
+    )
+    # Registered after flask-smorest's own handlers so ours win.
+    register_error_handlers(app)
+    return api

@@ -1,0 +1,88 @@
+"""Domain events: the types, the envelope and the ids.
+
+The envelope is what a webhook receiver gets as the body:
+`{id, type, createdAt, tenantId, data}`. Durable deposit events have ids that
+name the deposit and the status, so a second emission is refused by a unique key.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from shared.ids import new_id
+from shared.timefmt import iso_ms, utcnow
+
+ACCOUNT_CREATED = "deposit.account.created"
+ACCOUNT_DESTINATION_UPDATED = "deposit.account.destination_updated"
+DEPOSIT_SOURCE_SEEN = "deposit.source_seen"
+DEPOSIT_SOURCE_CONFIRMED = "deposit.source_confirmed"
+DEPOSIT_CREDIT_SUBMITTED = "deposit.credit_submitted"
+DEPOSIT_CREDITED = "deposit.credited"
+DEPOSIT_FAILED = "deposit.failed"
+DEPOSIT_MANUAL_REVIEW_REQUIRED = "deposit.manual_review_required"
+WEBHOOK_TEST = "webhook.test"
+API_KEY_REVOKED = "tenant.api_key_revoked"
+INVENTORY_LOW_BALANCE = "inventory.low_balance"
+ROUTE_PROVIDER_DEGRADED = "route.provider_degraded"
+
+#: Every event type of the interface, in its order.
+EVENT_TYPES: tuple[str, ...] = (
+    ACCOUNT_CREATED,
+    ACCOUNT_DESTINATION_UPDATED,
+    DEPOSIT_SOURCE_SEEN,
+    DEPOSIT_SOURCE_CONFIRMED,
+    DEPOSIT_CREDIT_SUBMITTED,
+    DEPOSIT_CREDITED,
+    DEPOSIT_FAILED,
+    DEPOSIT_MANUAL_REVIEW_REQUIRED,
+    WEBHOOK_TEST,
+    API_KEY_REVOKED,
+    INVENTORY_LOW_BALANCE,
+    ROUTE_PROVIDER_DEGRADED,
+)
+
+#: Deposit statuses whose event is emitted at most once per deposit.
+DURABLE_DEPOSIT_STATUSES: tuple[str, ...] = (
+    "source_seen",
+    "source_confirmed",
+    "credited",
+    "failed",
+)
+
+
+def durable_event_id(deposit_id: str, status: str) -> str:
+    """`evt_dep_<depositId>_<status>` for the durable deposit statuses."""
+    if status not in DURABLE_DEPOSIT_STATUSES:
+        raise ValueError(f"{status} is not a durable deposit status")
+    return f"evt_dep_{deposit_id}_{status}"
+
+
+def new_event_id() -> str:
+    return new_id("evt")
+
+
+def envelope(
+    event_type: str,
+    tenant_id: str,
+    data: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The event as a receiver sees it."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {event_type}")
+    return {
+        "id": event_id or new_event_id(),
+        "type": event_type,
+        "createdAt": iso_ms(created_at or utcnow()),
+        "tenantId": str(tenant_id),
+        "data": data,
+    }
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    """The exact body bytes: compact JSON, key order as built. Signed and stored as-is."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

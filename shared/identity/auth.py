@@ -1,0 +1,158 @@
+"""Who is calling: API keys (Bearer) and portal sessions (cookie + CSRF header).
+
+Views declare what they need with `api_key(blp, scope)` or `member(blp, role)`;
+the decorator authenticates, checks, documents the requirement in OpenAPI and puts
+the `Principal` on `flask.g`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+from flask import current_app, g, request
+
+from shared.api import Blueprint, ErrorSchema
+from shared.db import Database
+from shared.errors import Forbidden, InsufficientScope, NotFound, Unauthorized
+from shared.identity import service
+from shared.identity.models import ROLES, Tenant
+from shared.identity.secrets import same_hash, token_hash
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SESSION_COOKIE = "settle_session"
+CSRF_HEADER = "X-CSRF-Token"
+#: Extension key under which an app keeps the identity database.
+IDENTITY_DB = "settle.identity_db"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of this request."""
+
+    tenant_id: str
+    sandbox: bool
+    api_key_id: str | None = None
+    scopes: frozenset[str] = frozenset()
+    member_id: str | None = None
+    role: str | None = None
+    session_id: str | None = None
+
+
+def identity_db() -> Database:
+    db: Database = current_app.extensions[IDENTITY_DB]
+    return db
+
+
+def current_principal() -> Principal:
+    principal: Principal = g.principal
+    return principal
+
+
+def _bearer_token() -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send Authorization: Bearer <API key>")
+    return token.strip()
+
+
+def authenticate_api_key(scope: str | None) -> Principal:
+    token = _bearer_token()
+    with identity_db().reader() as session:
+        key = service.find_active_key(session, token)
+        tenant = session.get(Tenant, key.tenant_id) if key else None
+        if key is None or tenant is None:
+            raise Unauthorized("the API key is unknown or revoked")
+        principal = Principal(
+            tenant_id=key.tenant_id,
+            sandbox=tenant.sandbox,
+            api_key_id=key.id,
+            scopes=frozenset(key.scopes),
+        )
+    if scope is not None and scope not in principal.scopes:
+        raise InsufficientScope(f"this API key lacks the scope {scope}")
+    return principal
+
+
+def authenticate_session(min_role: str, tenant_id: str | None) -> Principal:
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
+        raise Unauthorized("sign in first (POST /v1/sessions)")
+    with identity_db().reader() as session:
+        found = service.find_session(session, token)
+        if found is None:
+            raise Unauthorized("the session has ended; sign in again")
+        record, member = found
+        tenant = session.get(Tenant, record.tenant_id)
+        sandbox = bool(tenant and tenant.sandbox)
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        csrf = request.headers.get(CSRF_HEADER, "")
+        if not csrf or not same_hash(token_hash(csrf), record.csrf_hash):
+            raise Forbidden(f"send the {CSRF_HEADER} header the session response gave")
+    if tenant_id is not None and tenant_id != record.tenant_id:
+        # Another tenant's id answers exactly as an id that does not exist.
+        raise NotFound("no such tenant")
+    if ROLES.index(member.role) < ROLES.index(min_role):
+        raise Forbidden(f"this needs the {min_role} role or higher; you are {member.role}")
+    return Principal(
+        tenant_id=record.tenant_id,
+        sandbox=sandbox,
+        member_id=member.id,
+        role=member.role,
+        session_id=record.id,
+    )
+
+
+def _documented(blp: Blueprint, fn: Callable[..., Any], security: str, forbidden: bool) -> None:
+    blp.doc(security=[{security: []}])(fn)
+    blp.alt_response(401, schema=ErrorSchema, description="Not authenticated")(fn)
+    if forbidden:
+        blp.alt_response(403, schema=ErrorSchema, description="Not allowed")(fn)
+
+
+def api_key(blp: Blueprint, scope: str | None = None) -> Callable[[F], F]:
+    """Require a Bearer API key (with `scope` when given)."""
+
+    def decorator(fn: F) -> F:
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            g.principal = authenticate_api_key(scope)
+            return fn(*args, **kwargs)
+
+        _documented(blp, wrapper, "apiKey", scope is not None)
+        if scope:
+            blp.doc(description=f"Scope: `{scope}`.")(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def member(
+    blp: Blueprint, min_role: str = "viewer", tenant_arg: str | None = None
+) -> Callable[[F], F]:
+    """Require a signed-in portal member of at least `min_role`.
+
+    When `tenant_arg` names a path parameter, it must be the member's tenant.
+    """
+    if min_role not in ROLES:
+        raise ValueError(min_role)
+
+    def decorator(fn: F) -> F:
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            tenant_id = kwargs.get(tenant_arg) if tenant_arg else None
+            g.principal = authenticate_session(min_role, str(tenant_id) if tenant_id else None)
+            return fn(*args, **kwargs)
+
+        _documented(blp, wrapper, "session", True)
+        blp.doc(
+            description=f"Session; role `{min_role}` or higher; unsafe methods need "
+            f"the `{CSRF_HEADER}` header."
+        )(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return decorator

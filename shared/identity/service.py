@@ -1,0 +1,181 @@
+"""Identity use cases: tenants, API keys, members, sessions. Callers own the transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from shared.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from shared.identity.models import ROLES, SCOPES, ApiKey, Member, PortalSession, Tenant
+from shared.identity.secrets import (
+    check_password,
+    hash_password,
+    new_api_key,
+    new_csrf_token,
+    new_session_token,
+    token_hash,
+)
+from shared.ids import new_id
+from shared.timefmt import utcnow
+
+#: How long a portal session lasts without signing in again.
+SESSION_TTL = timedelta(hours=12)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """An API key as created: the plain key exists only here."""
+
+    api_key: str
+    record: ApiKey
+
+
+@dataclass(frozen=True)
+class IssuedSession:
+    """A session as created: the token and CSRF token exist only here."""
+
+    token: str
+    csrf_token: str
+    record: PortalSession
+    member: Member
+
+
+def check_scopes(scopes: Iterable[str]) -> list[str]:
+    wanted = list(dict.fromkeys(scopes))
+    unknown = [s for s in wanted if s not in SCOPES]
+    if unknown:
+        raise InvalidRequest(f"unknown scope(s): {', '.join(unknown)}; known: {', '.join(SCOPES)}")
+    return wanted
+
+
+def create_tenant(
+    session: Session, name: str, *, sandbox: bool = False
+) -> tuple[Tenant, IssuedKey]:
+    """A tenant and a first API key with every scope."""
+    name = name.strip()
+    if not 1 <= len(name) <= 200:
+        raise InvalidRequest("name must be 1..200 characters")
+    tenant = Tenant(id=str(uuid.uuid4()), name=name, sandbox=sandbox, created_at=utcnow())
+    session.add(tenant)
+    session.flush()
+    return tenant, create_api_key(session, tenant.id, SCOPES)
+
+
+def create_api_key(session: Session, tenant_id: str, scopes: Iterable[str]) -> IssuedKey:
+    scope_list = check_scopes(scopes)
+    if session.get(Tenant, tenant_id) is None:
+        raise NotFound(f"no tenant {tenant_id}")
+    plain = new_api_key()
+    record = ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant_id,
+        key_hash=token_hash(plain),
+        key_prefix=plain[:10],
+        scopes=scope_list,
+        created_at=utcnow(),
+    )
+    session.add(record)
+    session.flush()
+    return IssuedKey(plain, record)
+
+
+def revoke_api_key(session: Session, key_id: str) -> tuple[ApiKey, bool]:
+    """Revoke a key; returns (key, newly_revoked). Revoking twice changes nothing."""
+    key = session.execute(
+        sa.select(ApiKey).where(ApiKey.id == key_id).with_for_update()
+    ).scalar_one_or_none()
+    if key is None:
+        raise NotFound(f"no API key {key_id}")
+    if key.revoked_at is not None:
+        return key, False
+    key.revoked_at = utcnow()
+    session.flush()
+    return key, True
+
+
+def find_active_key(session: Session, plain: str) -> ApiKey | None:
+    """The unrevoked key with this value, or None."""
+    if not plain.startswith("sk_") or len(plain) > 200:
+        return None
+    return session.execute(
+        sa.select(ApiKey).where(ApiKey.key_hash == token_hash(plain), ApiKey.revoked_at.is_(None))
+    ).scalar_one_or_none()
+
+
+def add_member(session: Session, tenant_id: str, email: str, role: str, password: str) -> Member:
+    if role not in ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(ROLES)}")
+    email = email.strip().lower()
+    if "@" not in email or len(email) > 320:
+        raise InvalidRequest("email is not an email address")
+    if len(password) < 12:
+        raise InvalidRequest("password must be at least 12 characters")
+    if session.get(Tenant, tenant_id) is None:
+        raise NotFound(f"no tenant {tenant_id}")
+    if session.execute(sa.select(Member.id).where(Member.email == email)).first():
+        raise Conflict(f"{email} is already a member")
+    member = Member(
+        id=new_id("mem"),
+        tenant_id=tenant_id,
+        email=email,
+        password_hash=hash_password(password),
+        role=role,
+        created_at=utcnow(),
+    )
+    session.add(member)
+    session.flush()
+    return member
+
+
+def sign_in(
+    session: Session, email: str, password: str, *, now: datetime | None = None
+) -> IssuedSession:
+    """Check the password and open a session. The same 401 for every failure."""
+    member = session.execute(
+        sa.select(Member).where(Member.email == email.strip().lower())
+    ).scalar_one_or_none()
+    if not check_password(member.password_hash if member else None, password) or member is None:
+        raise Unauthorized("email or password is wrong")
+    now = now or utcnow()
+    token, csrf = new_session_token(), new_csrf_token()
+    record = PortalSession(
+        id=new_id("ses"),
+        token_hash=token_hash(token),
+        csrf_hash=token_hash(csrf),
+        member_id=member.id,
+        tenant_id=member.tenant_id,
+        created_at=now,
+        expires_at=now + SESSION_TTL,
+    )
+    session.add(record)
+    session.flush()
+    return IssuedSession(token, csrf, record, member)
+
+
+def find_session(session: Session, token: str) -> tuple[PortalSession, Member] | None:
+    """The live session for a cookie token, with its member."""
+    if not token.startswith("sst_") or len(token) > 200:
+        return None
+    row = session.execute(
+        sa.select(PortalSession, Member)
+        .join(Member, Member.id == PortalSession.member_id)
+        .where(
+            PortalSession.token_hash == token_hash(token),
+            PortalSession.revoked_at.is_(None),
+            PortalSession.expires_at > utcnow(),
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+def end_session(session: Session, session_id: str) -> None:
+    session.execute(
+        sa.update(PortalSession)
+        .where(PortalSession.id == session_id, PortalSession.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )

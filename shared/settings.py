@@ -1,0 +1,89 @@
+"""Reading settings from the environment: one typed parser per kind of value."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names it."""
+
+
+def env_str(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = env.get(name)
+    return default if value is None or value == "" else value
+
+
+def env_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise SettingsError(f"{name} must be true or false, got {value!r}")
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {value!r}") from None
+
+
+def env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """`5s`, `1m`, `2h`, `1d`, `250ms` or bare seconds -> seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise SettingsError(f"not a duration: {text!r} (use e.g. 5s, 1m, 2h)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def parse_schedule(text: str) -> tuple[float, ...]:
+    """`5s,1m,5m` -> (5.0, 60.0, 300.0)."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise SettingsError("a retry schedule needs at least one step")
+    return tuple(parse_duration(p) for p in parts)
+
+
+def data_dir(env: Mapping[str, str]) -> Path:
+    return Path(env_str(env, "SETTLE_DATA_DIR", "./.settle") or "./.settle")
+
+
+def default_database_url(env: Mapping[str, str]) -> str:
+    """SETTLE_DATABASE_URL, else a SQLite file in the data dir (the embedded mode)."""
+    url = env_str(env, "SETTLE_DATABASE_URL")
+    if url:
+        return url
+    return f"sqlite:///{(data_dir(env) / 'settle.db').resolve()}"
+
+
+def environ() -> Mapping[str, str]:
+    """The process environment (a function so tests can pass their own mapping)."""
+    return os.environ

@@ -1,0 +1,27 @@
+"""Timestamps: always timezone-aware UTC, rendered as ISO 8601 with milliseconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+def utcnow() -> datetime:
+    """Current time, UTC, truncated to milliseconds (what the API can show)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def iso_ms(value: datetime) -> str:
+    """Render `2026-11-21T04:11:28.123Z`."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def parse_iso(text: str) -> datetime:
+    """Parse an ISO 8601 timestamp; a missing zone means UTC. Raises ValueError."""
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

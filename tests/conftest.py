@@ -1,0 +1,131 @@
+"""Fixtures shared by every suite: databases, apps, tenants.
+
+Integration tests share one PostgreSQL database per run (created fresh and
+migrated once); each test makes its own tenants, so tests never see each other's
+objects and need no cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from services.core.app import create_app
+from services.core.config import CoreConfig
+from services.core.context import CoreContext
+from shared import components, migrate
+from shared.db import Database
+from shared.identity import service as identity
+from shared.identity.models import SCOPES
+from tests.support.keys import test_xpub
+from tests.support.services import PG_ADMIN_URL, require_service
+
+
+def _admin_exec(sql: str) -> None:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test run."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    name = os.environ.get("SETTLE_TEST_DB", f"settle_test_{os.getpid()}")
+    _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _admin_exec(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    for component in (components.IDENTITY, components.CORE, components.NOTIFIER):
+        migrate.upgrade(component, url)
+    yield url
+    if not os.environ.get("SETTLE_TEST_KEEP_DB"):
+        _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_db(pg_url: str) -> Iterator[Database]:
+    db = Database(pg_url, pool_size=5)
+    yield db
+    db.dispose()
+
+
+def core_config(db_url: str, data_dir: Path, **overrides: Any) -> CoreConfig:
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "identity_database_url": db_url,
+        "env": "dev",
+        "data_dir": data_dir,
+        "deposit_xpub": test_xpub(),
+        "sandbox": True,
+    }
+    values.update(overrides)
+    return CoreConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def core_context(
+    pg_url: str, pg_db: Database, tmp_path_factory: pytest.TempPathFactory
+) -> CoreContext:
+    config = core_config(pg_url, tmp_path_factory.mktemp("core-data"))
+    return CoreContext.build(config, db=pg_db, identity_db=pg_db)
+
+
+@pytest.fixture(scope="session")
+def core_app(core_context: CoreContext) -> Flask:
+    app = create_app(context=core_context)
+    app.testing = True
+    return app
+
+
+@pytest.fixture
+def client(core_app: Flask) -> FlaskClient:
+    return core_app.test_client()
+
+
+@dataclass
+class TenantKeys:
+    """A tenant made for one test, with a full-scope API key."""
+
+    tenant_id: str
+    api_key: str
+    api_key_id: str
+    db: Database
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def key_with(self, *scopes: str) -> dict[str, str]:
+        """Headers of a new key of this tenant with only these scopes."""
+        with self.db.transaction() as session:
+            issued = identity.create_api_key(session, self.tenant_id, scopes)
+        return {"Authorization": f"Bearer {issued.api_key}"}
+
+
+def make_tenant(db: Database, *, sandbox: bool = False) -> TenantKeys:
+    with db.transaction() as session:
+        tenant, issued = identity.create_tenant(
+            session, f"Tenant {uuid.uuid4().hex[:8]}", sandbox=sandbox
+        )
+        return TenantKeys(tenant.id, issued.api_key, issued.record.id, db)
+
+
+@pytest.fixture
+def tenant(pg_db: Database) -> TenantKeys:
+    return make_tenant(pg_db)
+
+
+@pytest.fixture
+def other_tenant(pg_db: Database) -> TenantKeys:
+    return make_tenant(pg_db)
+
+
+ALL_SCOPES = SCOPES
