@@ -1,0 +1,90 @@
+"""Notifier's settings, read once from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.settings import (
+    SettingsError,
+    data_dir,
+    default_database_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_str,
+    environ,
+    parse_schedule,
+)
+
+#: Retry schedule of DESIGN.md: nine retries over about two days.
+DEFAULT_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,5h,10h,10h,24h"
+#: Dev-only secret key, refused in production.
+DEV_SECRET_KEY = "settle-dev-secret-key-not-for-production"  # noqa: S105
+
+
+@dataclass(frozen=True)
+class NotifierConfig:
+    database_url: str
+    identity_database_url: str
+    secret_key: str
+    env: str = "dev"
+    amqp_url: str | None = None
+    data_dir: Path = Path("./.settle")
+    retry_schedule: tuple[float, ...] = parse_schedule(DEFAULT_RETRY_SCHEDULE)
+    #: Fraction of each retry delay added or removed at random.
+    retry_jitter: float = 0.2
+    webhook_timeout_s: float = 10.0
+    #: Dev only: allow http:// URLs and loopback/private targets.
+    allow_private: bool = False
+    #: An endpoint whose attempts all failed for this long is disabled.
+    disable_after_s: float = 3 * 86400.0
+    #: Concurrent attempts to one endpoint per worker process.
+    per_endpoint_concurrency: int = 4
+    #: Bounds on a receiver's Retry-After (429/503).
+    retry_after_max_s: float = 3600.0
+    #: The sweeper re-enqueues due deliveries whose lease lapsed, every this often.
+    sweep_interval_s: float = 5.0
+    #: Consumer prefetch (unacked messages in flight).
+    prefetch: int = 64
+    worker_threads: int = 16
+    db_pool_size: int = 10
+
+    @property
+    def is_dev(self) -> bool:
+        return self.env == "dev"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NotifierConfig:
+        env = environ() if env is None else env
+        mode = env_str(env, "SETTLE_ENV", "dev") or "dev"
+        if mode not in ("dev", "production"):
+            raise SettingsError("SETTLE_ENV must be dev or production")
+        core_url = default_database_url(env)
+        secret_key = env_str(env, "SETTLE_SECRET_KEY")
+        if not secret_key:
+            if mode == "production":
+                raise SettingsError("SETTLE_SECRET_KEY is required in production")
+            secret_key = DEV_SECRET_KEY
+        allow_private = env_bool(env, "SETTLE_WEBHOOK_ALLOW_PRIVATE", False)
+        if allow_private and mode == "production":
+            raise SettingsError("SETTLE_WEBHOOK_ALLOW_PRIVATE is for dev only")
+        return cls(
+            database_url=env_str(env, "SETTLE_NOTIFIER_DATABASE_URL", core_url) or core_url,
+            identity_database_url=env_str(env, "SETTLE_IDENTITY_DATABASE_URL", core_url)
+            or core_url,
+            secret_key=secret_key,
+            env=mode,
+            amqp_url=env_str(env, "SETTLE_AMQP_URL"),
+            data_dir=data_dir(env),
+            retry_schedule=parse_schedule(
+                env_str(env, "SETTLE_WEBHOOK_RETRY_SCHEDULE", DEFAULT_RETRY_SCHEDULE)
+                or DEFAULT_RETRY_SCHEDULE
+            ),
+            webhook_timeout_s=env_float(env, "SETTLE_WEBHOOK_TIMEOUT_S", 10.0),
+            allow_private=allow_private,
+            disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
+            per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
+            worker_threads=env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16),
+        )
