@@ -1,0 +1,42 @@
+# Settle: the two commands that work on a fresh machine are `make dev` and `make test`.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: dev test test-fast lint format bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+## Run everything in one process on 127.0.0.1:8000 (SQLite, in-process broker).
+dev: $(STAMP)
+	$(BIN)/settle dev --host 127.0.0.1 --port 8000
+
+## Lint, then every test suite (needs PostgreSQL and RabbitMQ on 127.0.0.1).
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+## Unit tests only (no services needed).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## Every benchmark; writes docs/PERFORMANCE.md.
+bench: $(STAMP)
+	$(BIN)/python bench/core_api.py
+
+clean:
+	rm -rf $(VENV) .settle .pytest_cache .ruff_cache

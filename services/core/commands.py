@@ -1,0 +1,157 @@
+"""Core's command line: identity, migrations, and core's processes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from services.core.config import CoreConfig
+from services.core.outbox import emit
+from shared import components, events, migrate
+from shared.db import Database
+from shared.errors import ApiError
+from shared.identity import service as identity
+from shared.identity.models import SCOPES
+from shared.serve import default_workers, serve
+from shared.settings import env_str, environ
+from shared.timefmt import iso_ms
+
+
+def _print(payload: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(payload) + "\n")
+
+
+def _identity_db() -> Database:
+    return Database(CoreConfig.from_env().identity_database_url, pool_size=1)
+
+
+def tenants_create(args: argparse.Namespace) -> int:
+    with _identity_db().transaction() as session:
+        tenant, issued = identity.create_tenant(session, args.name, sandbox=args.sandbox)
+        _print({"tenantId": tenant.id, "apiKey": issued.api_key, "apiKeyId": issued.record.id})
+    return 0
+
+
+def api_keys_create(args: argparse.Namespace) -> int:
+    with _identity_db().transaction() as session:
+        issued = identity.create_api_key(session, args.tenant, args.scope or SCOPES)
+        _print(
+            {"apiKey": issued.api_key, "apiKeyId": issued.record.id, "scopes": issued.record.scopes}
+        )
+    return 0
+
+
+def api_keys_revoke(args: argparse.Namespace) -> int:
+    # Identity lives in core's database, so the key and its event commit together.
+    config = CoreConfig.from_env()
+    with Database(config.database_url, pool_size=1).transaction() as session:
+        key, newly = identity.revoke_api_key(session, args.key_id)
+        assert key.revoked_at is not None
+        if newly:
+            emit(
+                session,
+                events.API_KEY_REVOKED,
+                key.tenant_id,
+                {"apiKeyId": key.id, "revokedAt": iso_ms(key.revoked_at)},
+            )
+        _print({"apiKeyId": key.id, "revokedAt": iso_ms(key.revoked_at), "changed": newly})
+    return 0
+
+
+def members_add(args: argparse.Namespace) -> int:
+    password = sys.stdin.readline().rstrip("\r\n")
+    with _identity_db().transaction() as session:
+        member = identity.add_member(session, args.tenant, args.email, args.role, password)
+        _print(
+            {
+                "memberId": member.id,
+                "tenantId": member.tenant_id,
+                "email": member.email,
+                "role": member.role,
+            }
+        )
+    return 0
+
+
+def db_upgrade(args: argparse.Namespace) -> int:
+    """Migrate identity and core (core's URL) and the notifier (its URL)."""
+    env = environ()
+    core_url = CoreConfig.from_env(env).database_url
+    identity_url = env_str(env, "SETTLE_IDENTITY_DATABASE_URL", core_url) or core_url
+    notifier_url = env_str(env, "SETTLE_NOTIFIER_DATABASE_URL", core_url) or core_url
+    migrate.upgrade(components.IDENTITY, identity_url)
+    migrate.upgrade(components.CORE, core_url)
+    migrate.upgrade(components.NOTIFIER, notifier_url)
+    _print({"upgraded": ["identity", "core", "notifier"]})
+    return 0
+
+
+def core_api(args: argparse.Namespace) -> int:
+    serve(
+        "services.core.wsgi:app",
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        threads=args.threads,
+    )
+    return 0
+
+
+def core_worker(args: argparse.Namespace) -> int:
+    from services.core.worker import run_worker
+
+    return run_worker(CoreConfig.from_env())
+
+
+def _guard(fn: object) -> object:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)  # type: ignore[operator,no-any-return]
+        except ApiError as err:
+            sys.stderr.write(f"error: {err.code}: {err.message}\n")
+            return 2
+
+    return run
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tenants = sub.add_parser("tenants", help="tenants").add_subparsers(dest="action", required=True)
+    p = tenants.add_parser("create", help="create a tenant and its first API key")
+    p.add_argument("--name", required=True)
+    p.add_argument("--sandbox", action="store_true", help="a sandbox tenant (simulated deposits)")
+    p.set_defaults(func=_guard(tenants_create))
+
+    keys = sub.add_parser("api-keys", help="API keys").add_subparsers(dest="action", required=True)
+    p = keys.add_parser("create", help="create an API key")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--scope", action="append", choices=SCOPES, help="repeat; default: all")
+    p.set_defaults(func=_guard(api_keys_create))
+    p = keys.add_parser("revoke", help="revoke an API key (emits tenant.api_key_revoked)")
+    p.add_argument("key_id")
+    p.set_defaults(func=_guard(api_keys_revoke))
+
+    members = sub.add_parser("members", help="portal members").add_subparsers(
+        dest="action", required=True
+    )
+    p = members.add_parser("add", help="add a member; the password is read from stdin")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--email", required=True)
+    p.add_argument("--role", required=True, choices=["viewer", "developer", "admin", "owner"])
+    p.set_defaults(func=_guard(members_add))
+
+    db = sub.add_parser("db", help="database").add_subparsers(dest="action", required=True)
+    db.add_parser("upgrade", help="apply all migrations").set_defaults(func=db_upgrade)
+
+    core = sub.add_parser("core", help="core processes").add_subparsers(
+        dest="action", required=True
+    )
+    p = core.add_parser("api", help="serve core's HTTP API with gunicorn")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=default_workers())
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(func=core_api)
+    core.add_parser("worker", help="outbox relay, fee oracle and deposit pipeline").set_defaults(
+        func=core_worker
+    )

@@ -1,0 +1,83 @@
+"""`settle core worker`: the outbox relay, the fee oracle and the deposit pipeline.
+
+Each runs in its own thread until SIGTERM/SIGINT. If one of them dies the process
+exits non-zero, so the supervisor (compose, systemd) restarts it whole: nothing is
+lost, because every step's state is in the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.core.config import CoreConfig
+from services.core.context import CoreContext
+from shared.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+#: How long stopping threads get before the process exits anyway.
+STOP_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    run: Callable[[threading.Event], None]
+
+
+def core_tasks(ctx: CoreContext) -> list[Task]:
+    """The loops of a core worker process, built from the context."""
+    from services.core.deposits.worker import run_pipeline
+    from services.core.fee_oracle import run_fee_oracle
+    from services.core.relay import relay_publisher_factory, run_relay
+
+    if not ctx.config.amqp_url:
+        raise SettingsError("settle core worker needs SETTLE_AMQP_URL (settle dev embeds a broker)")
+    publisher_factory = relay_publisher_factory(ctx.config)
+    return [
+        Task("fee-oracle", lambda stop: run_fee_oracle(ctx, stop)),
+        Task("outbox-relay", lambda stop: run_relay(ctx.db, publisher_factory, stop)),
+        Task("deposit-pipeline", lambda stop: run_pipeline(ctx, stop)),
+    ]
+
+
+def supervise(tasks: list[Task], stop: threading.Event) -> int:
+    """Run tasks in threads until `stop`; if any dies, stop the rest and return 1."""
+    failed = threading.Event()
+
+    def guarded(task: Task) -> None:
+        try:
+            task.run(stop)
+        except Exception:
+            log.exception("%s died; stopping the worker", task.name)
+            failed.set()
+            stop.set()
+
+    threads = [threading.Thread(target=guarded, args=(t,), name=t.name, daemon=True) for t in tasks]
+    for thread in threads:
+        thread.start()
+    log.info("started %s", ", ".join(t.name for t in tasks))
+    stop.wait()
+    for thread in threads:
+        thread.join(STOP_GRACE_S / max(1, len(threads)))
+    return 1 if failed.is_set() else 0
+
+
+def run_worker(config: CoreConfig) -> int:
+    ctx = CoreContext.build(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %s: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return supervise(core_tasks(ctx), stop)
+    finally:
+        ctx.db.dispose()
