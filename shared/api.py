@@ -83,6 +83,14 @@ class ArgumentsParser(FlaskParser):
     ) -> NoReturn:
         raise InvalidJson("the body is not valid JSON")
 
+    def load_json(self, req: Any, schema: ma.Schema) -> Any:
+        try:
+            return super().load_json(req, schema)
+        except ValueError:
+            # Not a JSONDecodeError (handled above): e.g. an integer beyond Python's
+            # 4300-digit conversion limit.
+            raise InvalidJson("the body is not valid JSON (a number is too long)") from None
+
 
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = ArgumentsParser()
@@ -209,10 +217,14 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     app.config.setdefault("OPENAPI_VERSION", "3.0.3")
     app.config.setdefault("OPENAPI_URL_PREFIX", prefix or "/")
     app.config.setdefault("OPENAPI_JSON_PATH", json_name)
-    app.config.setdefault("MAX_CONTENT_LENGTH", MAX_BODY_BYTES)
+    if app.config.get("MAX_CONTENT_LENGTH") is None:
+        # Not setdefault: Flask's default config already holds the key (as None).
+        app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.compact = True  # type: ignore[attr-defined]
     api = Api(app)
+    # apispec maps fields by class; Timestamp derives from Field, so name its type.
+    api.register_field(Timestamp, "string", "date-time")
     api.spec.components.security_scheme(
         "apiKey", {"type": "http", "scheme": "bearer", "description": "An `sk_...` API key."}
     )

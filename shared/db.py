@@ -119,12 +119,15 @@ class Database:
 
     @contextmanager
     def reader(self) -> Iterator[Session]:
-        """A session for reads only; nothing is committed."""
+        """A session for reads only; nothing is committed.
+
+        Closing (not rolling back) ends the transaction without expiring what was
+        loaded, so rows stay readable, detached, after the block.
+        """
         session = self.sessions()
         try:
             yield session
         finally:
-            session.rollback()
             session.close()
 
     def dispose(self) -> None:

@@ -7,6 +7,7 @@ the `Principal` on `flask.g`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
@@ -89,29 +90,42 @@ def authenticate_session(min_role: str, tenant_id: str | None) -> Principal:
         record, member = found
         tenant = session.get(Tenant, record.tenant_id)
         sandbox = bool(tenant and tenant.sandbox)
+        # Read inside the session: the reader's rollback expires (then detaches) the rows.
+        principal = Principal(
+            tenant_id=record.tenant_id,
+            sandbox=sandbox,
+            member_id=member.id,
+            role=member.role,
+            session_id=record.id,
+        )
+        csrf_hash = record.csrf_hash
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         csrf = request.headers.get(CSRF_HEADER, "")
-        if not csrf or not same_hash(token_hash(csrf), record.csrf_hash):
+        if not csrf or not same_hash(token_hash(csrf), csrf_hash):
             raise Forbidden(f"send the {CSRF_HEADER} header the session response gave")
-    if tenant_id is not None and tenant_id != record.tenant_id:
+    if tenant_id is not None and tenant_id != principal.tenant_id:
         # Another tenant's id answers exactly as an id that does not exist.
         raise NotFound("no such tenant")
-    if ROLES.index(member.role) < ROLES.index(min_role):
-        raise Forbidden(f"this needs the {min_role} role or higher; you are {member.role}")
-    return Principal(
-        tenant_id=record.tenant_id,
-        sandbox=sandbox,
-        member_id=member.id,
-        role=member.role,
-        session_id=record.id,
-    )
+    role = principal.role or ""
+    if ROLES.index(role) < ROLES.index(min_role):
+        raise Forbidden(f"this needs the {min_role} role or higher; you are {role}")
+    return principal
 
 
-def _documented(blp: Blueprint, fn: Callable[..., Any], security: str, forbidden: bool) -> None:
-    blp.doc(security=[{security: []}])(fn)
-    blp.alt_response(401, schema=ErrorSchema, description="Not authenticated")(fn)
+def _documented(
+    blp: Blueprint, fn: Callable[..., Any], security: str, forbidden: bool, note: str
+) -> Callable[..., Any]:
+    """`fn` wrapped with its OpenAPI security, 401/403 and `note` after the docstring's body.
+
+    flask-smorest's doc decorators return a new wrapper that carries the docs, so the
+    result must be the function that gets registered.
+    """
+    body = inspect.cleandoc(fn.__doc__ or "").partition("\n")[2].strip()
+    fn = blp.doc(security=[{security: []}], description=f"{body}\n\n{note}" if body else note)(fn)
+    fn = blp.alt_response(401, schema=ErrorSchema, description="Not authenticated")(fn)
     if forbidden:
-        blp.alt_response(403, schema=ErrorSchema, description="Not allowed")(fn)
+        fn = blp.alt_response(403, schema=ErrorSchema, description="Not allowed")(fn)
+    return fn
 
 
 def api_key(blp: Blueprint, scope: str | None = None) -> Callable[[F], F]:
@@ -123,10 +137,8 @@ def api_key(blp: Blueprint, scope: str | None = None) -> Callable[[F], F]:
             g.principal = authenticate_api_key(scope)
             return fn(*args, **kwargs)
 
-        _documented(blp, wrapper, "apiKey", scope is not None)
-        if scope:
-            blp.doc(description=f"Scope: `{scope}`.")(wrapper)
-        return wrapper  # type: ignore[return-value]
+        note = f"Scope: `{scope}`." if scope else "API key."
+        return _documented(blp, wrapper, "apiKey", scope is not None, note)  # type: ignore[return-value]
 
     return decorator
 
@@ -148,11 +160,9 @@ def member(
             g.principal = authenticate_session(min_role, str(tenant_id) if tenant_id else None)
             return fn(*args, **kwargs)
 
-        _documented(blp, wrapper, "session", True)
-        blp.doc(
-            description=f"Session; role `{min_role}` or higher; unsafe methods need "
-            f"the `{CSRF_HEADER}` header."
-        )(wrapper)
-        return wrapper  # type: ignore[return-value]
+        note = (
+            f"Session; role `{min_role}` or higher; unsafe methods need the `{CSRF_HEADER}` header."
+        )
+        return _documented(blp, wrapper, "session", True, note)  # type: ignore[return-value]
 
     return decorator

@@ -1,0 +1,1 @@
+"""The notifier's HTTP API: blueprints and their schemas."""

@@ -1,0 +1,104 @@
+"""/v1/webhook-deliveries: the delivery log and replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow as ma
+from flask.views import MethodView
+
+from services.notifier import deliveries
+from services.notifier.api.schemas import (
+    IDEMPOTENCY_KEY_PARAM,
+    DeliveryDetailEnvelopeSchema,
+    DeliveryEnvelopeSchema,
+    DeliveryListArgs,
+    DeliveryListSchema,
+    cursor_after,
+    delivery_detail,
+    delivery_out,
+)
+from services.notifier.context import notifier
+from services.notifier.models import NotifierIdempotencyRecord
+from shared.api import Blueprint, ErrorSchema, encode_cursor
+from shared.idempotency import idempotent
+from shared.identity import auth
+
+blp = Blueprint(
+    "webhook_deliveries",
+    __name__,
+    url_prefix="/v1",
+    description="Webhook deliveries: what was sent, every attempt, replay.",
+)
+
+READ, WRITE = "webhooks:read", "webhooks:write"
+
+
+def _tenant() -> str:
+    return auth.current_principal().tenant_id
+
+
+@blp.route("/webhook-deliveries")
+class WebhookDeliveries(MethodView):
+    @auth.api_key(blp, READ)
+    # Unknown parameters are refused: a misspelt filter would silently list everything.
+    @blp.arguments(DeliveryListArgs, location="query", unknown=ma.RAISE)
+    @blp.response(200, DeliveryListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """List deliveries, newest first, filtered by endpoint, event, type, status and time."""
+        filters = deliveries.DeliveryFilters(
+            endpoint_id=args.get("endpoint_id"),
+            event_id=args.get("event_id"),
+            event_type=args.get("event_type"),
+            status=args.get("status"),
+            created_after=args.get("created_after"),
+            created_before=args.get("created_before"),
+        )
+        after = cursor_after(args["cursor"])
+        # Dumped inside the session: closing a reader expires the rows.
+        with notifier().db.reader() as session:
+            page = deliveries.list_deliveries(
+                session, _tenant(), filters, limit=args["limit"], after=after
+            )
+            items = [delivery_out(d) for d in page.items]
+        return {
+            "webhook_deliveries": items,
+            "next_cursor": encode_cursor({"after": page.next_after}) if page.next_after else None,
+        }
+
+
+@blp.route("/webhook-deliveries/<delivery_id>")
+class WebhookDelivery(MethodView):
+    @auth.api_key(blp, READ)
+    @blp.response(200, DeliveryDetailEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such delivery")
+    def get(self, delivery_id: str) -> dict[str, Any]:
+        """One delivery with every attempt and the event exactly as sent."""
+        with notifier().db.reader() as session:
+            delivery = deliveries.get_delivery(session, _tenant(), delivery_id)
+            attempts = deliveries.attempts_of(session, delivery.id)
+            event = deliveries.event_envelope(deliveries.event_of(session, delivery))
+            return {"webhook_delivery": delivery_detail(delivery, attempts, event)}
+
+
+@blp.route("/webhook-deliveries/<delivery_id>/replay")
+class Replay(MethodView):
+    @auth.api_key(blp, WRITE)
+    @idempotent(NotifierIdempotencyRecord)
+    @blp.response(200, DeliveryEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such delivery")
+    @blp.alt_response(
+        409, schema=ErrorSchema, description="The endpoint is disabled or was deleted"
+    )
+    @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
+    def post(self, delivery_id: str) -> dict[str, Any]:
+        """Send the same event (same id, same body) again now, as a new delivery.
+
+        The new delivery names the one it replays in `replayOf` and is signed with the
+        endpoint's current secret.
+        """
+        ctx = notifier()
+        with ctx.db.transaction() as session:
+            delivery = deliveries.replay(session, _tenant(), delivery_id)
+        ctx.hand_off([delivery.id])
+        return {"webhook_delivery": delivery}

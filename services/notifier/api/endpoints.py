@@ -1,0 +1,192 @@
+"""/v1/webhook-endpoints: register, list, change, delete, rotate, test, recover."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask.views import MethodView
+
+from services.notifier import deliveries, endpoints
+from services.notifier.api.schemas import (
+    IDEMPOTENCY_KEY_PARAM,
+    DeliveryBatchSchema,
+    DeliveryEnvelopeSchema,
+    EndpointCreateSchema,
+    EndpointEnvelopeSchema,
+    EndpointListSchema,
+    EndpointPatchSchema,
+    EndpointWithSecretSchema,
+    RecoverSchema,
+    RotateSecretSchema,
+    cursor_after,
+    endpoint_out,
+)
+from services.notifier.context import notifier
+from services.notifier.models import NotifierIdempotencyRecord
+from shared.api import Blueprint, ErrorSchema, ListArgs, encode_cursor
+from shared.idempotency import idempotent
+from shared.identity import auth
+from shared.timefmt import utcnow
+
+blp = Blueprint(
+    "webhook_endpoints",
+    __name__,
+    url_prefix="/v1",
+    description="Webhook endpoints: register, change, rotate secrets, send tests, recover.",
+)
+
+READ, WRITE = "webhooks:read", "webhooks:write"
+
+
+def _tenant() -> str:
+    return auth.current_principal().tenant_id
+
+
+@blp.route("/webhook-endpoints")
+class WebhookEndpoints(MethodView):
+    @auth.api_key(blp, READ)
+    @blp.arguments(ListArgs, location="query")
+    @blp.response(200, EndpointListSchema)
+    def get(self, args: dict[str, Any]) -> dict[str, Any]:
+        """List the tenant's webhook endpoints, newest first."""
+        ctx = notifier()
+        after = cursor_after(args["cursor"])
+        now = utcnow()
+        # Rows are read inside the session: closing a reader expires them.
+        with ctx.db.reader() as session:
+            page = endpoints.list_endpoints(session, _tenant(), limit=args["limit"], after=after)
+            items = [endpoint_out(e, now) for e in page.items]
+        return {
+            "webhook_endpoints": items,
+            "next_cursor": encode_cursor({"after": page.next_after}) if page.next_after else None,
+        }
+
+    @auth.api_key(blp, WRITE)
+    @idempotent(NotifierIdempotencyRecord)
+    @blp.arguments(EndpointCreateSchema)
+    @blp.response(200, EndpointWithSecretSchema)
+    @blp.alt_response(409, schema=ErrorSchema, description="The tenant has the most endpoints")
+    @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
+    def post(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Register an HTTPS endpoint. The signing secret is in this response only."""
+        ctx = notifier()
+        now = utcnow()
+        with ctx.db.transaction() as session:
+            endpoint, secret = endpoints.create_endpoint(
+                session,
+                ctx.secret_box,
+                _tenant(),
+                name=args["name"],
+                url=args["url"],
+                event_types=args["event_types"],
+                allow_private=ctx.config.allow_private,
+                max_endpoints=ctx.max_endpoints_per_tenant,
+                now=now,
+            )
+            return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
+
+
+@blp.route("/webhook-endpoints/<endpoint_id>")
+class WebhookEndpoint(MethodView):
+    @auth.api_key(blp, READ)
+    @blp.response(200, EndpointEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    def get(self, endpoint_id: str) -> dict[str, Any]:
+        """One webhook endpoint (never its secret)."""
+        with notifier().db.reader() as session:
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id)
+            return {"webhook_endpoint": endpoint_out(endpoint)}
+
+    @auth.api_key(blp, WRITE)
+    @blp.arguments(EndpointPatchSchema)
+    @blp.response(200, EndpointEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    def patch(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+        """Change any of name, url, eventTypes, status (enabled or disabled)."""
+        ctx = notifier()
+        now = utcnow()
+        with ctx.db.transaction() as session:
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            endpoints.update_endpoint(
+                endpoint,
+                name=args.get("name"),
+                url=args.get("url"),
+                event_types=args.get("event_types"),
+                status=args.get("status"),
+                allow_private=ctx.config.allow_private,
+                now=now,
+            )
+            return {"webhook_endpoint": endpoint_out(endpoint, now)}
+
+    @auth.api_key(blp, WRITE)
+    @blp.response(204)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    def delete(self, endpoint_id: str) -> None:
+        """Delete an endpoint: no new deliveries; unfinished ones stop (`endpoint_deleted`)."""
+        with notifier().db.transaction() as session:
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            endpoints.delete_endpoint(session, endpoint)
+
+
+@blp.route("/webhook-endpoints/<endpoint_id>/rotate-secret")
+class RotateSecret(MethodView):
+    @auth.api_key(blp, WRITE)
+    @idempotent(NotifierIdempotencyRecord)
+    @blp.arguments(RotateSecretSchema, required=False)
+    @blp.response(200, EndpointWithSecretSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
+    def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+        """Rotate the signing secret; the old one may keep signing for up to 24 h."""
+        ctx = notifier()
+        now = utcnow()
+        with ctx.db.transaction() as session:
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            secret = endpoints.rotate_secret(
+                endpoint,
+                ctx.secret_box,
+                previous_expires_in_s=args["previous_secret_expires_in_seconds"],
+                now=now,
+            )
+            return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
+
+
+@blp.route("/webhook-endpoints/<endpoint_id>/test")
+class SendTest(MethodView):
+    @auth.api_key(blp, WRITE)
+    @idempotent(NotifierIdempotencyRecord)
+    @blp.response(200, DeliveryEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.alt_response(409, schema=ErrorSchema, description="The endpoint is disabled")
+    @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
+    def post(self, endpoint_id: str) -> dict[str, Any]:
+        """Send a `webhook.test` event to this endpoint alone; returns the pending delivery."""
+        ctx = notifier()
+        with ctx.db.transaction() as session:
+            delivery = deliveries.send_test(session, _tenant(), endpoint_id)
+        ctx.hand_off([delivery.id])
+        return {"webhook_delivery": delivery}
+
+
+@blp.route("/webhook-endpoints/<endpoint_id>/recover")
+class Recover(MethodView):
+    @auth.api_key(blp, WRITE)
+    @idempotent(NotifierIdempotencyRecord)
+    @blp.arguments(RecoverSchema)
+    @blp.response(200, DeliveryBatchSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.alt_response(409, schema=ErrorSchema, description="The endpoint is disabled")
+    @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
+    def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+        """Send again every event whose delivery to this endpoint failed in the window.
+
+        One new delivery per event, oldest first, at most 1000 per call; events already
+        in flight or delivered are skipped, so calling again continues without duplicates.
+        """
+        ctx = notifier()
+        with ctx.db.transaction() as session:
+            made = deliveries.recover(
+                session, _tenant(), endpoint_id, since=args["since"], until=args["until"]
+            )
+        ctx.hand_off([d.id for d in made])
+        return {"webhook_deliveries": made}

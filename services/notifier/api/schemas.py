@@ -1,0 +1,294 @@
+"""Wire shapes of webhook endpoints and deliveries (camelCase on the wire)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import marshmallow as ma
+
+from services.notifier.deliveries import MAX_RECOVER_WINDOW
+from services.notifier.endpoints import (
+    ID_PATTERN,
+    MAX_NAME_LENGTH,
+    MAX_SECRET_OVERLAP_S,
+    is_plausible_id,
+    previous_secret_expires_at,
+)
+from services.notifier.models import (
+    DELIVERY_STATUSES,
+    DISABLED,
+    ENABLED,
+    Attempt,
+    Delivery,
+    Endpoint,
+)
+from services.notifier.urls import MAX_URL_LENGTH
+from shared.api import ListArgs, Schema, StrictInteger, Timestamp, decode_cursor
+from shared.errors import InvalidRequest
+from shared.events import EVENT_TYPES
+
+_UNKNOWN_TYPE = "unknown event type; one of the types listed under Events"
+_id_validator = ma.validate.Regexp(ID_PATTERN, error="not an id of this API")
+
+#: OpenAPI description of the Idempotency-Key header every POST takes.
+IDEMPOTENCY_KEY_PARAM = {
+    "in": "header",
+    "name": "Idempotency-Key",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    "description": "The same key with the same body within 24 h returns the first "
+    "response (`Idempotent-Replayed: true`); with another body, 409 idempotency_key_reused.",
+}
+
+
+def event_type_field(**kwargs: Any) -> ma.fields.String:
+    return ma.fields.String(
+        validate=ma.validate.OneOf(EVENT_TYPES, error=_UNKNOWN_TYPE),
+        metadata={"enum": list(EVENT_TYPES)},
+        **kwargs,
+    )
+
+
+# -- endpoints ----------------------------------------------------------------------
+
+
+class EndpointSchema(Schema):
+    id = ma.fields.String(required=True, metadata={"example": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B"})
+    name = ma.fields.String(required=True, metadata={"example": "Production ledger"})
+    url = ma.fields.String(required=True, metadata={"example": "https://hooks.example.com/settle"})
+    event_types = ma.fields.List(event_type_field(), required=True)
+    status = ma.fields.String(required=True, metadata={"enum": [ENABLED, DISABLED]})
+    disabled_reason = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={
+            "enum": ["manual", "failing", None],
+            "description": "`manual` (PATCH) or `failing` (every attempt failed for days); "
+            "null while enabled.",
+        },
+    )
+    previous_secret_expires_at = Timestamp(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "Until when the secret before the last rotation still signs "
+            "deliveries; null when it does not."
+        },
+    )
+    created_at = Timestamp(required=True)
+    updated_at = Timestamp(required=True)
+
+
+def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, Any]:
+    """The endpoint as EndpointSchema dumps it (never any secret)."""
+    return {
+        "id": endpoint.id,
+        "name": endpoint.name,
+        "url": endpoint.url,
+        "event_types": list(endpoint.event_types),
+        "status": endpoint.status,
+        "disabled_reason": endpoint.disabled_reason if endpoint.status == DISABLED else None,
+        "previous_secret_expires_at": previous_secret_expires_at(endpoint, now),
+        "created_at": endpoint.created_at,
+        "updated_at": endpoint.updated_at,
+    }
+
+
+class EndpointCreateSchema(Schema):
+    name = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=MAX_NAME_LENGTH))
+    url = ma.fields.String(
+        required=True,
+        validate=ma.validate.Length(min=1, max=MAX_URL_LENGTH),
+        metadata={
+            "description": "https URL of a public host; no credentials, no #fragment "
+            "(http and private hosts only when SETTLE_WEBHOOK_ALLOW_PRIVATE is on, in dev)."
+        },
+    )
+    event_types = ma.fields.List(
+        event_type_field(),
+        required=True,
+        validate=ma.validate.Length(min=1, error="subscribe to at least one event type"),
+        metadata={"description": "Known event types; duplicates are dropped."},
+    )
+
+
+class EndpointPatchSchema(Schema):
+    name = ma.fields.String(validate=ma.validate.Length(min=1, max=MAX_NAME_LENGTH))
+    url = ma.fields.String(validate=ma.validate.Length(min=1, max=MAX_URL_LENGTH))
+    event_types = ma.fields.List(
+        event_type_field(),
+        validate=ma.validate.Length(min=1, error="subscribe to at least one event type"),
+    )
+    status = ma.fields.String(
+        validate=ma.validate.OneOf([ENABLED, DISABLED]), metadata={"enum": [ENABLED, DISABLED]}
+    )
+
+    @ma.validates_schema
+    def _at_least_one(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if not data:
+            raise ma.ValidationError("give at least one of name, url, eventTypes, status")
+
+
+class RotateSecretSchema(Schema):
+    previous_secret_expires_in_seconds = StrictInteger(
+        load_default=0,
+        validate=ma.validate.Range(min=0, max=MAX_SECRET_OVERLAP_S),
+        metadata={
+            "description": "How long the current secret keeps signing next to the new one "
+            f"(0..{MAX_SECRET_OVERLAP_S}); 0 retires it at once."
+        },
+    )
+
+
+class RecoverSchema(Schema):
+    since = Timestamp(required=True, metadata={"description": "Start of the window (inclusive)."})
+    until = Timestamp(
+        load_default=None,
+        metadata={
+            "description": "End of the window (exclusive), default now; at most "
+            f"{MAX_RECOVER_WINDOW.days} days after since."
+        },
+    )
+
+
+class EndpointEnvelopeSchema(Schema):
+    webhook_endpoint = ma.fields.Nested(EndpointSchema, required=True)
+
+
+class EndpointWithSecretSchema(Schema):
+    webhook_endpoint = ma.fields.Nested(EndpointSchema, required=True)
+    secret = ma.fields.String(
+        required=True,
+        metadata={
+            "example": "whsec_3q2-7wYl0bJm3fSx1cQ3l8v6wB0l9H1c4y2X8Tq5nKc",
+            "description": "The signing secret: shown only in this response.",
+        },
+    )
+
+
+class EndpointListSchema(Schema):
+    webhook_endpoints = ma.fields.List(ma.fields.Nested(EndpointSchema), required=True)
+    next_cursor = ma.fields.String(required=True, allow_none=True)
+
+
+# -- deliveries ---------------------------------------------------------------------
+
+
+class DeliverySchema(Schema):
+    id = ma.fields.String(required=True, metadata={"example": "whd_01JD3Y8Q2X4N6R5T7V9W0Z1A2B"})
+    endpoint_id = ma.fields.String(required=True)
+    event_id = ma.fields.String(required=True)
+    event_type = event_type_field(required=True)
+    status = ma.fields.String(required=True, metadata={"enum": list(DELIVERY_STATUSES)})
+    attempt_count = ma.fields.Integer(required=True)
+    next_attempt_at = Timestamp(
+        required=True, allow_none=True, metadata={"description": "Null once final."}
+    )
+    last_attempt_at = Timestamp(required=True, allow_none=True)
+    last_response_status = ma.fields.Integer(required=True, allow_none=True)
+    last_error = ma.fields.String(required=True, allow_none=True)
+    replay_of = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "The delivery this one replays or recovers, if any."},
+    )
+    created_at = Timestamp(required=True)
+    updated_at = Timestamp(required=True)
+    succeeded_at = Timestamp(required=True, allow_none=True)
+
+
+class AttemptSchema(Schema):
+    number = ma.fields.Integer(required=True)
+    attempted_at = Timestamp(required=True)
+    response_status = ma.fields.Integer(required=True, allow_none=True)
+    latency_ms = ma.fields.Float(required=True, allow_none=True)
+    error = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"example": "timeout", "description": "Null when the attempt succeeded."},
+    )
+    response_body = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "The first 4 KiB of the receiver's response body."},
+    )
+
+
+class DeliveryDetailSchema(DeliverySchema):
+    attempts = ma.fields.List(ma.fields.Nested(AttemptSchema), required=True)
+    event = ma.fields.Dict(
+        required=True,
+        metadata={
+            "description": "The event envelope exactly as sent: id, type, createdAt, "
+            "tenantId, data."
+        },
+    )
+
+
+#: Attributes a delivery shows (the fields of DeliverySchema).
+_DELIVERY_FIELDS = tuple(DeliverySchema().fields)
+_ATTEMPT_FIELDS = tuple(AttemptSchema().fields)
+
+
+def delivery_out(delivery: Delivery) -> dict[str, Any]:
+    """The delivery's values as DeliverySchema dumps them (plain data, session-free)."""
+    return {name: getattr(delivery, name) for name in _DELIVERY_FIELDS}
+
+
+def delivery_detail(
+    delivery: Delivery, attempts: list[Attempt], event: dict[str, Any]
+) -> dict[str, Any]:
+    """A delivery with its attempts and event, as DeliveryDetailSchema dumps them."""
+    out = delivery_out(delivery)
+    out["attempts"] = [{name: getattr(a, name) for name in _ATTEMPT_FIELDS} for a in attempts]
+    out["event"] = event
+    return out
+
+
+class DeliveryEnvelopeSchema(Schema):
+    webhook_delivery = ma.fields.Nested(DeliverySchema, required=True)
+
+
+class DeliveryDetailEnvelopeSchema(Schema):
+    webhook_delivery = ma.fields.Nested(DeliveryDetailSchema, required=True)
+
+
+class DeliveryListSchema(Schema):
+    webhook_deliveries = ma.fields.List(ma.fields.Nested(DeliverySchema), required=True)
+    next_cursor = ma.fields.String(required=True, allow_none=True)
+
+
+class DeliveryBatchSchema(Schema):
+    """Deliveries made by one request (recover), oldest event first."""
+
+    webhook_deliveries = ma.fields.List(ma.fields.Nested(DeliverySchema), required=True)
+
+
+class DeliveryListArgs(ListArgs):
+    """Filters of GET /v1/webhook-deliveries; every one given must match."""
+
+    endpoint_id = ma.fields.String(validate=_id_validator, metadata={"pattern": ID_PATTERN.pattern})
+    event_id = ma.fields.String(validate=_id_validator, metadata={"pattern": ID_PATTERN.pattern})
+    event_type = event_type_field()
+    status = ma.fields.String(
+        validate=ma.validate.OneOf(DELIVERY_STATUSES), metadata={"enum": list(DELIVERY_STATUSES)}
+    )
+    created_after = Timestamp(metadata={"description": "Created at or after (inclusive)."})
+    created_before = Timestamp(metadata={"description": "Created before (exclusive)."})
+
+
+# -- pagination ---------------------------------------------------------------------
+
+
+def cursor_after(cursor: str | None) -> str | None:
+    """The id a cursor continues after; a cursor we did not give out is a 400."""
+    values = decode_cursor(cursor)
+    if values is None:
+        return None
+    after = values.get("after")
+    if not isinstance(after, str) or not is_plausible_id(after):
+        raise InvalidRequest(
+            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
+        )
+    return after

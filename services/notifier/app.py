@@ -1,0 +1,35 @@
+"""The notifier's Flask app factory."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from services.notifier.config import NotifierConfig
+from services.notifier.context import EXTENSION, NotifierContext
+from shared.api import make_api
+from shared.idempotency import APP_DB
+from shared.identity.auth import IDENTITY_DB
+
+
+def create_app(
+    config: NotifierConfig | None = None, *, context: NotifierContext | None = None
+) -> Flask:
+    """Build the notifier's WSGI app. Pass a `context` to share databases or the engine."""
+    if context is None:
+        context = NotifierContext.build(config or NotifierConfig.from_env())
+    app = Flask("settle.notifier")
+    app.extensions[EXTENSION] = context
+    app.extensions[APP_DB] = context.db
+    app.extensions[IDENTITY_DB] = context.identity_db
+
+    from services.notifier.api import deliveries, endpoints, status
+
+    api = make_api(
+        app,
+        title="Settle notifier API",
+        version=status.VERSION,
+        openapi_path="/v1/notifier/openapi.json",
+    )
+    for module in (endpoints, deliveries, status):
+        api.register_blueprint(module.blp)
+    return app

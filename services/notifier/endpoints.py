@@ -1,0 +1,290 @@
+"""Webhook endpoints: create, read, change, delete, rotate secrets; the signing secrets.
+
+Every read and write is scoped to a tenant: another tenant's endpoint is as absent
+as one that never existed. Deleting is soft (the row stays for the delivery log).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from services.notifier import urls
+from services.notifier.models import (
+    DISABLED,
+    ENABLED,
+    FAILED,
+    PENDING,
+    RETRYING,
+    Delivery,
+    Endpoint,
+)
+from services.notifier.secrets import SecretBox, new_secret
+from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.events import EVENT_TYPES
+from shared.ids import new_id
+from shared.timefmt import utcnow
+
+#: Longest endpoint name.
+MAX_NAME_LENGTH = 100
+#: Longest overlap of an old secret after rotation (DESIGN.md: up to 24 h).
+MAX_SECRET_OVERLAP_S = 86400
+#: Why an endpoint is disabled: by PATCH, or by the engine after days of failures.
+DISABLED_MANUAL = "manual"
+#: `last_error` of deliveries cancelled because their endpoint was deleted.
+ENDPOINT_DELETED = "endpoint_deleted"
+#: What our ids (`we_...`, `whd_...`, `evt_...`) can look like; nothing else is looked up.
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
+
+
+def is_plausible_id(value: str) -> bool:
+    """False for text no id of ours has (e.g. a NUL byte, which PostgreSQL refuses)."""
+    return bool(ID_PATTERN.fullmatch(value))
+
+
+def _field_error(field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
+
+
+def checked_url(url: str, *, allow_private: bool, field: str = "url") -> str:
+    """`url` if the URL policy admits it, else a 400 naming the field."""
+    try:
+        return urls.check_url(url, allow_private=allow_private)
+    except urls.UrlRejected as err:
+        raise _field_error(field, str(err)) from None
+
+
+def checked_name(name: str, field: str = "name") -> str:
+    if not name.strip():
+        raise _field_error(field, "must not be blank")
+    if len(name) > MAX_NAME_LENGTH:
+        raise _field_error(field, f"must be at most {MAX_NAME_LENGTH} characters")
+    if any(not ch.isprintable() for ch in name):
+        raise _field_error(field, "must not contain control characters")
+    return name
+
+
+def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -> list[str]:
+    """Known types, duplicates dropped, first-seen order kept; at least one."""
+    kept: list[str] = []
+    for event_type in event_types:
+        if event_type not in EVENT_TYPES:
+            raise _field_error(field, f"unknown event type {event_type!r}")
+        if event_type not in kept:
+            kept.append(event_type)
+    if not kept:
+        raise _field_error(field, "subscribe to at least one event type")
+    return kept
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of a keyset-paginated list, newest first."""
+
+    items: list[Endpoint]
+    #: Id to continue after, or None on the last page.
+    next_after: str | None
+
+
+def _lock_tenant(session: Session, tenant_id: str) -> None:
+    """Serialize endpoint creation per tenant so the cap holds under concurrency."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+            {"key": f"webhook_endpoints:{tenant_id}"},
+        )
+    # SQLite: writers already queue (BEGIN IMMEDIATE), so nothing to do.
+
+
+def count_endpoints(session: Session, tenant_id: str) -> int:
+    return (
+        session.scalar(
+            sa.select(sa.func.count())
+            .select_from(Endpoint)
+            .where(Endpoint.tenant_id == tenant_id, Endpoint.deleted_at.is_(None))
+        )
+        or 0
+    )
+
+
+def create_endpoint(
+    session: Session,
+    box: SecretBox,
+    tenant_id: str,
+    *,
+    name: str,
+    url: str,
+    event_types: Sequence[str],
+    allow_private: bool,
+    max_endpoints: int,
+    now: datetime | None = None,
+) -> tuple[Endpoint, str]:
+    """A new enabled endpoint and its secret (the only time it is seen in clear)."""
+    name = checked_name(name)
+    url = checked_url(url, allow_private=allow_private)
+    kept_types = checked_event_types(event_types)
+    _lock_tenant(session, tenant_id)
+    if count_endpoints(session, tenant_id) >= max_endpoints:
+        raise Conflict(
+            f"a tenant may have at most {max_endpoints} webhook endpoints; delete one first"
+        )
+    now = now or utcnow()
+    secret = new_secret()
+    endpoint = Endpoint(
+        id=new_id("we"),
+        tenant_id=tenant_id,
+        name=name,
+        url=url,
+        event_types=kept_types,
+        status=ENABLED,
+        disabled_reason=None,
+        secret_encrypted=box.encrypt(secret),
+        previous_secret_encrypted=None,
+        previous_secret_expires_at=None,
+        failing_since=None,
+        created_at=now,
+        updated_at=now,
+        deleted_at=None,
+    )
+    session.add(endpoint)
+    session.flush()
+    return endpoint, secret
+
+
+def get_endpoint(
+    session: Session, tenant_id: str | None, endpoint_id: str, *, for_update: bool = False
+) -> Endpoint:
+    """The tenant's live endpoint (`tenant_id` None: any tenant's, for ops) or 404."""
+    if not is_plausible_id(endpoint_id):
+        raise NotFound(f"no webhook endpoint {endpoint_id!r}")
+    query = sa.select(Endpoint).where(Endpoint.id == endpoint_id, Endpoint.deleted_at.is_(None))
+    if tenant_id is not None:
+        query = query.where(Endpoint.tenant_id == tenant_id)
+    if for_update:
+        query = query.with_for_update()
+    endpoint = session.scalar(query)
+    if endpoint is None:
+        raise NotFound(f"no webhook endpoint {endpoint_id}")
+    return endpoint
+
+
+def list_endpoints(
+    session: Session, tenant_id: str | None, *, limit: int, after: str | None = None
+) -> Page:
+    """Live endpoints, newest first (ids sort by creation time)."""
+    query = sa.select(Endpoint).where(Endpoint.deleted_at.is_(None))
+    if tenant_id is not None:
+        query = query.where(Endpoint.tenant_id == tenant_id)
+    if after is not None:
+        query = query.where(Endpoint.id < after)
+    rows = list(session.scalars(query.order_by(Endpoint.id.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(rows, rows[-1].id if more and rows else None)
+
+
+def update_endpoint(
+    endpoint: Endpoint,
+    *,
+    name: str | None = None,
+    url: str | None = None,
+    event_types: Sequence[str] | None = None,
+    status: str | None = None,
+    allow_private: bool,
+    now: datetime | None = None,
+) -> Endpoint:
+    """Apply a PATCH: any subset of name, url, eventTypes, status."""
+    if name is not None:
+        endpoint.name = checked_name(name)
+    if url is not None:
+        endpoint.url = checked_url(url, allow_private=allow_private)
+    if event_types is not None:
+        endpoint.event_types = checked_event_types(event_types)
+    if status is not None:
+        set_status(endpoint, status)
+    endpoint.updated_at = now or utcnow()
+    return endpoint
+
+
+def set_status(endpoint: Endpoint, status: str, *, reason: str = DISABLED_MANUAL) -> None:
+    """Enable or disable. Enabling forgets the failure streak that may have disabled it."""
+    if status == ENABLED:
+        endpoint.status = ENABLED
+        endpoint.disabled_reason = None
+        endpoint.failing_since = None
+    elif status == DISABLED:
+        if endpoint.status != DISABLED:
+            endpoint.disabled_reason = reason
+        endpoint.status = DISABLED
+    else:
+        raise _field_error("status", "must be enabled or disabled")
+
+
+def delete_endpoint(session: Session, endpoint: Endpoint, now: datetime | None = None) -> int:
+    """Soft-delete; unfinished deliveries stop (failed, `endpoint_deleted`). Returns how many."""
+    now = now or utcnow()
+    endpoint.deleted_at = now
+    endpoint.updated_at = now
+    result = session.execute(
+        sa.update(Delivery)
+        .where(Delivery.endpoint_id == endpoint.id, Delivery.status.in_((PENDING, RETRYING)))
+        .values(
+            status=FAILED,
+            next_attempt_at=None,
+            lease_until=None,
+            last_error=ENDPOINT_DELETED,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def rotate_secret(
+    endpoint: Endpoint,
+    box: SecretBox,
+    *,
+    previous_expires_in_s: int = 0,
+    now: datetime | None = None,
+) -> str:
+    """A new secret; the current one stays valid `previous_expires_in_s` more (0: none).
+
+    Only one previous secret is kept: rotating again drops the one before.
+    """
+    if not 0 <= previous_expires_in_s <= MAX_SECRET_OVERLAP_S:
+        raise _field_error(
+            "previousSecretExpiresInSeconds", f"must be between 0 and {MAX_SECRET_OVERLAP_S}"
+        )
+    now = now or utcnow()
+    secret = new_secret()
+    if previous_expires_in_s > 0:
+        endpoint.previous_secret_encrypted = endpoint.secret_encrypted
+        endpoint.previous_secret_expires_at = now + timedelta(seconds=previous_expires_in_s)
+    else:
+        endpoint.previous_secret_encrypted = None
+        endpoint.previous_secret_expires_at = None
+    endpoint.secret_encrypted = box.encrypt(secret)
+    endpoint.updated_at = now
+    return secret
+
+
+def previous_secret_expires_at(endpoint: Endpoint, now: datetime | None = None) -> datetime | None:
+    """When the previous secret stops signing, or None when there is none (or it lapsed)."""
+    expires = endpoint.previous_secret_expires_at
+    if endpoint.previous_secret_encrypted is None or expires is None:
+        return None
+    return expires if expires > (now or utcnow()) else None
+
+
+def signing_secrets(endpoint: Endpoint, box: SecretBox, now: datetime | None = None) -> list[str]:
+    """Secrets that sign a delivery now: the current one, then the previous while valid."""
+    secrets = [box.decrypt(endpoint.secret_encrypted)]
+    if previous_secret_expires_at(endpoint, now) is not None:
+        assert endpoint.previous_secret_encrypted is not None
+        secrets.append(box.decrypt(endpoint.previous_secret_encrypted))
+    return secrets

@@ -1,0 +1,180 @@
+"""Ops command line for webhooks: `settle deliveries ...` and `settle endpoints ...`.
+
+Operators act across tenants (`--tenant` narrows), so these read and write the
+notifier's database directly, through the same domain functions as the API, and
+print the API's JSON shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from services.notifier import deliveries, endpoints
+from services.notifier.api.schemas import (
+    DeliveryDetailEnvelopeSchema,
+    DeliveryEnvelopeSchema,
+    DeliveryListSchema,
+    EndpointEnvelopeSchema,
+    EndpointListSchema,
+    delivery_detail,
+    endpoint_out,
+)
+from services.notifier.config import NotifierConfig
+from services.notifier.context import NotifierContext
+from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED
+from shared.errors import ApiError
+from shared.events import EVENT_TYPES
+from shared.timefmt import parse_iso, utcnow
+
+#: Builds the context a command runs with (tests pass their own).
+ContextFactory = Callable[[], NotifierContext]
+
+
+def _default_context() -> NotifierContext:
+    return NotifierContext.build(NotifierConfig.from_env())
+
+
+def _print(schema: Any, payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(schema.dump(payload)) + "\n")
+
+
+def _time(text: str) -> Any:
+    try:
+        return parse_iso(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+
+
+def deliveries_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
+    filters = deliveries.DeliveryFilters(
+        endpoint_id=args.endpoint,
+        event_id=args.event,
+        event_type=args.type,
+        status=args.status,
+        created_after=args.since,
+        created_before=args.until,
+    )
+    with ctx.db.reader() as session:  # printed inside: closing a reader expires rows
+        page = deliveries.list_deliveries(
+            session, args.tenant, filters, limit=args.limit, after=args.after
+        )
+        _print(
+            DeliveryListSchema(),
+            {"webhook_deliveries": page.items, "next_cursor": page.next_after},
+        )
+    return 0
+
+
+def deliveries_show(ctx: NotifierContext, args: argparse.Namespace) -> int:
+    with ctx.db.reader() as session:
+        delivery = deliveries.get_delivery(session, args.tenant, args.delivery_id)
+        attempts = deliveries.attempts_of(session, delivery.id)
+        event = deliveries.event_envelope(deliveries.event_of(session, delivery))
+        _print(
+            DeliveryDetailEnvelopeSchema(),
+            {"webhook_delivery": delivery_detail(delivery, attempts, event)},
+        )
+    return 0
+
+
+def deliveries_replay(ctx: NotifierContext, args: argparse.Namespace) -> int:
+    with ctx.db.transaction() as session:
+        delivery = deliveries.replay(session, args.tenant, args.delivery_id)
+    ctx.hand_off([delivery.id])
+    _print(DeliveryEnvelopeSchema(), {"webhook_delivery": delivery})
+    return 0
+
+
+def endpoints_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
+    now = utcnow()
+    with ctx.db.reader() as session:
+        page = endpoints.list_endpoints(session, args.tenant, limit=args.limit, after=args.after)
+        items = [endpoint_out(e, now) for e in page.items]
+    _print(EndpointListSchema(), {"webhook_endpoints": items, "next_cursor": page.next_after})
+    return 0
+
+
+def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], int]:
+    def run(ctx: NotifierContext, args: argparse.Namespace) -> int:
+        now = utcnow()
+        with ctx.db.transaction() as session:
+            endpoint = endpoints.get_endpoint(
+                session, args.tenant, args.endpoint_id, for_update=True
+            )
+            endpoints.set_status(endpoint, status)
+            endpoint.updated_at = now
+            out = endpoint_out(endpoint, now)
+        _print(EndpointEnvelopeSchema(), {"webhook_endpoint": out})
+        return 0
+
+    return run
+
+
+def _command(
+    fn: Callable[[NotifierContext, argparse.Namespace], int], make_context: ContextFactory
+) -> Callable[[argparse.Namespace], int]:
+    """An argparse handler: builds the context, runs `fn`, answers errors on stderr (exit 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        ctx = make_context()
+        try:
+            return fn(ctx, args)
+        except ApiError as err:
+            sys.stderr.write(f"error: {err.code}: {err.message}\n")
+            return 2
+        finally:
+            if make_context is _default_context:  # ours to close; a given one is the caller's
+                ctx.db.dispose()
+                ctx.identity_db.dispose()
+
+    return run
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    make_context: ContextFactory = _default_context,
+) -> None:
+    """Add `deliveries list|show|replay` and `endpoints list|disable|enable`."""
+    group = sub.add_parser("deliveries", help="webhook deliveries (ops)")
+    actions = group.add_subparsers(dest="action", required=True)
+
+    p = actions.add_parser("list", help="list deliveries, newest first, as JSON")
+    p.add_argument("--tenant", help="only this tenant's")
+    p.add_argument("--endpoint", help="only to this endpoint (we_...)")
+    p.add_argument("--event", help="only of this event (evt_...)")
+    p.add_argument("--type", choices=EVENT_TYPES, help="only of this event type")
+    p.add_argument("--status", choices=DELIVERY_STATUSES)
+    p.add_argument("--since", type=_time, help="created at or after (ISO 8601)")
+    p.add_argument("--until", type=_time, help="created before (ISO 8601)")
+    p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
+    p.add_argument("--after", help="continue after this delivery id (nextCursor)")
+    p.set_defaults(func=_command(deliveries_list, make_context))
+
+    p = actions.add_parser("show", help="one delivery with its attempts and event")
+    p.add_argument("delivery_id")
+    p.add_argument("--tenant", help="refuse unless it is this tenant's")
+    p.set_defaults(func=_command(deliveries_show, make_context))
+
+    p = actions.add_parser("replay", help="send a delivery's event again as a new delivery")
+    p.add_argument("delivery_id")
+    p.add_argument("--tenant", help="refuse unless it is this tenant's")
+    p.set_defaults(func=_command(deliveries_replay, make_context))
+
+    group = sub.add_parser("endpoints", help="webhook endpoints (ops)")
+    actions = group.add_subparsers(dest="action", required=True)
+
+    p = actions.add_parser("list", help="list live endpoints, newest first, as JSON")
+    p.add_argument("--tenant", help="only this tenant's")
+    p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
+    p.add_argument("--after", help="continue after this endpoint id (nextCursor)")
+    p.set_defaults(func=_command(endpoints_list, make_context))
+
+    for action, status in (("disable", DISABLED), ("enable", ENABLED)):
+        p = actions.add_parser(action, help=f"{action} an endpoint")
+        p.add_argument("endpoint_id")
+        p.add_argument("--tenant", help="refuse unless it is this tenant's")
+        p.set_defaults(func=_command(_set_status(status), make_context))

@@ -1,0 +1,142 @@
+"""`settle deliveries ...` and `settle endpoints ...`: the ops commands, against PostgreSQL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from services.notifier import ops
+from services.notifier.context import NotifierContext
+from services.notifier.models import FAILED
+from shared import events
+from shared.db import Database
+from tests.conftest import make_tenant
+from tests.integration.notifier_fixtures import (  # noqa: F401 (fixtures, used by name)
+    TEST_SECRET_KEY,
+    EnqueueRecorder,
+    deliver_event,
+    enqueued_fixture,
+    make_endpoint,
+    notifier_app_fixture,
+    notifier_client_fixture,
+    notifier_context_fixture,
+    update_delivery,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def settle(
+    capsys: pytest.CaptureFixture[str], ctx: NotifierContext | None, *argv: str
+) -> tuple[int, Any, str]:
+    """Run the ops commands in-process (with `ctx`, or built from the environment)."""
+    parser = argparse.ArgumentParser(prog="settle")
+    sub = parser.add_subparsers(dest="command", required=True)
+    if ctx is None:
+        ops.register(sub)
+    else:
+        ops.register(sub, make_context=lambda: ctx)
+    args = parser.parse_args(list(argv))
+    code = args.func(args)
+    captured = capsys.readouterr()
+    out = captured.out.strip()
+    return code, (json.loads(out) if out else None), captured.err
+
+
+def test_deliveries_list_show_and_replay(
+    capsys: pytest.CaptureFixture[str],
+    notifier_client: FlaskClient,
+    notifier_context: NotifierContext,
+    pg_db: Database,
+    enqueued: EnqueueRecorder,
+) -> None:
+    # Given a tenant's failed delivery
+    tenant = make_tenant(pg_db)
+    endpoint, _ = make_endpoint(notifier_client, tenant)
+    event, (delivery,) = deliver_event(pg_db, tenant.tenant_id)
+    update_delivery(pg_db, delivery.id, status=FAILED, next_attempt_at=None)
+
+    # When ops list the tenant's failed deliveries, Then they see it in the API's shape
+    code, listed, _ = settle(
+        capsys,
+        notifier_context,
+        "deliveries",
+        "list",
+        "--tenant",
+        tenant.tenant_id,
+        "--status",
+        "failed",
+    )
+    assert code == 0
+    assert [d["id"] for d in listed["webhookDeliveries"]] == [delivery.id]
+    assert listed["webhookDeliveries"][0]["endpointId"] == endpoint["id"]
+
+    # When they show it, Then the event comes with it
+    code, shown, _ = settle(capsys, notifier_context, "deliveries", "show", delivery.id)
+    assert code == 0 and shown["webhookDelivery"]["event"]["id"] == event.id
+
+    # When they replay it, Then a new delivery names it and is handed to the engine
+    code, replayed, _ = settle(capsys, notifier_context, "deliveries", "replay", delivery.id)
+    assert code == 0
+    assert replayed["webhookDelivery"]["replayOf"] == delivery.id
+    assert replayed["webhookDelivery"]["eventId"] == event.id
+    assert enqueued.ids == [replayed["webhookDelivery"]["id"]]
+
+    # And an unknown id (or another tenant's, with --tenant) is exit 2 with the reason
+    other = make_tenant(pg_db)
+    code, out, err = settle(
+        capsys, notifier_context, "deliveries", "show", delivery.id, "--tenant", other.tenant_id
+    )
+    assert (code, out) == (2, None) and err.startswith("error: not_found:")
+
+
+def test_endpoints_list_disable_enable(
+    capsys: pytest.CaptureFixture[str],
+    notifier_client: FlaskClient,
+    notifier_context: NotifierContext,
+    pg_db: Database,
+) -> None:
+    # Given a tenant with an endpoint
+    tenant = make_tenant(pg_db)
+    endpoint, _ = make_endpoint(notifier_client, tenant)
+
+    # When ops list the tenant's endpoints, Then they see it (and no secret)
+    code, listed, _ = settle(
+        capsys, notifier_context, "endpoints", "list", "--tenant", tenant.tenant_id
+    )
+    assert code == 0 and listed == {"webhookEndpoints": [endpoint], "nextCursor": None}
+
+    # When they disable it, Then it gets no new deliveries
+    code, disabled, _ = settle(capsys, notifier_context, "endpoints", "disable", endpoint["id"])
+    assert code == 0
+    assert disabled["webhookEndpoint"]["status"] == "disabled"
+    assert disabled["webhookEndpoint"]["disabledReason"] == "manual"
+    assert deliver_event(pg_db, tenant.tenant_id, events.DEPOSIT_CREDITED)[1] == []
+
+    # When they enable it, Then deliveries resume
+    code, enabled, _ = settle(capsys, notifier_context, "endpoints", "enable", endpoint["id"])
+    assert code == 0 and enabled["webhookEndpoint"]["status"] == "enabled"
+    assert len(deliver_event(pg_db, tenant.tenant_id, events.DEPOSIT_CREDITED)[1]) == 1
+
+
+def test_commands_build_their_context_from_the_environment(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    notifier_client: FlaskClient,
+    pg_url: str,
+    pg_db: Database,
+) -> None:
+    # Given the settings of a deployment in the environment
+    tenant = make_tenant(pg_db)
+    endpoint, _ = make_endpoint(notifier_client, tenant)
+    monkeypatch.setenv("SETTLE_DATABASE_URL", pg_url)
+    monkeypatch.setenv("SETTLE_SECRET_KEY", TEST_SECRET_KEY)
+    monkeypatch.setenv("SETTLE_ENV", "dev")
+
+    # When `settle endpoints list` runs as a user would, Then it reads that database
+    code, listed, _ = settle(capsys, None, "endpoints", "list", "--tenant", tenant.tenant_id)
+    assert code == 0 and [e["id"] for e in listed["webhookEndpoints"]] == [endpoint["id"]]
