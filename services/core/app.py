@@ -23,8 +23,8 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     app.extensions[IDENTITY_DB] = context.identity_db
     api = make_api(app, title="Settle core API", version=VERSION, openapi_path="/v1/openapi.json")
 
-    from services.core.api import chains, status
+    from services.core.api import accounts, chains, fee_preview, policy, sessions, status
 
-    for module in (chains, status):
+    for module in (chains, status, policy, accounts, fee_preview, sessions):
         api.register_blueprint(module.blp)
     return app

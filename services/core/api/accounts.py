@@ -1,0 +1,172 @@
+"""Deposit accounts: create, list, read, and change the settlement destination."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow as ma
+from flask import Response
+from flask.views import MethodView
+
+from services.core import accounts
+from services.core.api.schemas import (
+    ERROR_DESCRIPTIONS,
+    DepositAccountEnvelopeSchema,
+    DepositAccountSchema,
+    DestinationSchema,
+    ExternalUserId,
+    Metadata,
+    json_response,
+)
+from services.core.context import core
+from services.core.models import IdempotencyRecord
+from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, decode_cursor, encode_cursor
+from shared.errors import InvalidRequest
+from shared.idempotency import idempotent
+from shared.identity import auth
+
+blp = Blueprint(
+    "deposit_accounts",
+    __name__,
+    url_prefix="/v1",
+    description="Deposit accounts: one per end user, with deposit addresses per active chain.",
+)
+
+
+class CreateAccountSchema(Schema):
+    external_user_id = ExternalUserId(required=True)
+    destination = ma.fields.Nested(
+        DestinationSchema,
+        metadata={
+            "description": "Omit to copy the tenant's destination policy as it is now; "
+            "when given, chainId, address and tokenAddress are all required."
+        },
+    )
+    metadata = Metadata()
+
+
+class DestinationChangeSchema(Schema):
+    destination = ma.fields.Nested(DestinationSchema, required=True)
+
+
+class AccountListSchema(Schema):
+    deposit_accounts = ma.fields.List(ma.fields.Nested(DepositAccountSchema), required=True)
+    next_cursor = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
+    )
+
+
+def _error(status: int) -> Any:
+    return blp.alt_response(status, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[status])
+
+
+def _before_pk(cursor: str | None) -> int | None:
+    values = decode_cursor(cursor)
+    if values is None:
+        return None
+    pk = values.get("pk")
+    if not isinstance(pk, int) or isinstance(pk, bool) or pk < 1:
+        raise InvalidRequest(
+            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
+        )
+    return pk
+
+
+@blp.route("/deposit-accounts")
+class DepositAccounts(MethodView):
+    @auth.api_key(blp, "deposit_accounts:read")
+    @blp.arguments(ListArgs, location="query")
+    @blp.response(200, AccountListSchema)
+    @_error(400)
+    def get(self, args: dict[str, Any]) -> Response:
+        """List the tenant's deposit accounts, newest first."""
+        ctx = core()
+        before = _before_pk(args["cursor"])
+        with ctx.db.reader() as session:
+            page = accounts.list_accounts(
+                session,
+                ctx.registry,
+                auth.current_principal().tenant_id,
+                limit=args["limit"],
+                before_pk=before,
+            )
+        cursor = None if page.next_before_pk is None else encode_cursor({"pk": page.next_before_pk})
+        return json_response({"depositAccounts": list(page.accounts), "nextCursor": cursor})
+
+    @auth.api_key(blp, "deposit_accounts:write")
+    @idempotent(IdempotencyRecord)
+    @blp.arguments(CreateAccountSchema)
+    @blp.response(200, DepositAccountEnvelopeSchema)
+    @_error(400)
+    @_error(409)
+    @_error(413)
+    @_error(422)
+    def post(self, args: dict[str, Any]) -> Response:
+        """Create a deposit account.
+
+        Without `destination` the account copies the destination policy (422
+        destination_policy_missing when there is none). Emits deposit.account.created.
+        Send an Idempotency-Key to retry safely.
+        """
+        ctx = core()
+        principal = auth.current_principal()
+        new = accounts.NewAccount(
+            external_user_id=args["external_user_id"],
+            destination=args.get("destination"),
+            metadata=args.get("metadata") or {},
+        )
+        with ctx.db.transaction() as session:
+            document = accounts.create_account(
+                session,
+                ctx.registry,
+                ctx.deriver,
+                principal.tenant_id,
+                new,
+                api_key_id=principal.api_key_id,
+            )
+        return json_response({"depositAccount": document})
+
+
+@blp.route("/deposit-accounts/<path:externalUserId>")
+class DepositAccount(MethodView):
+    @auth.api_key(blp, "deposit_accounts:read")
+    @blp.response(200, DepositAccountEnvelopeSchema)
+    @_error(404)
+    def get(self, externalUserId: str) -> Response:
+        """Read one account by the tenant's externalUserId (URL-encode it)."""
+        ctx = core()
+        with ctx.db.reader() as session:
+            document = accounts.get_account(
+                session, ctx.registry, auth.current_principal().tenant_id, externalUserId
+            )
+        return json_response({"depositAccount": document})
+
+
+@blp.route("/deposit-accounts/<path:externalUserId>/destination")
+class DepositAccountDestination(MethodView):
+    @auth.api_key(blp, "deposit_accounts:write")
+    @blp.arguments(DestinationChangeSchema)
+    @blp.response(200, DepositAccountEnvelopeSchema)
+    @_error(400)
+    @_error(404)
+    @_error(413)
+    def patch(self, args: dict[str, Any], externalUserId: str) -> Response:
+        """Change an account's settlement destination.
+
+        Emits deposit.account.destination_updated with the prior destination and the
+        id of the API key that made the change.
+        """
+        ctx = core()
+        principal = auth.current_principal()
+        with ctx.db.transaction() as session:
+            document = accounts.update_destination(
+                session,
+                ctx.registry,
+                principal.tenant_id,
+                externalUserId,
+                args["destination"],
+                api_key_id=principal.api_key_id,
+            )
+        return json_response({"depositAccount": document})

@@ -1,0 +1,122 @@
+"""Portal sessions: sign in (cookie + CSRF token), who am I, sign out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow as ma
+from flask import Response
+from flask.views import MethodView
+
+from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response
+from services.core.context import core
+from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
+from shared.errors import Unauthorized
+from shared.identity import auth, service
+from shared.identity.models import ROLES, Member, PortalSession
+from shared.timefmt import iso_ms
+
+blp = Blueprint(
+    "sessions",
+    __name__,
+    url_prefix="/v1",
+    description="Portal sign-in. Unsafe requests on a session need the X-CSRF-Token header.",
+)
+
+#: Longest password we hash (argon2 work grows with the input).
+PASSWORD_MAX = 1024
+
+
+class SignInSchema(Schema):
+    email = ma.fields.String(
+        required=True,
+        validate=ma.validate.Length(min=1, max=320),
+        metadata={"example": "ops@example.com"},
+    )
+    password = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=PASSWORD_MAX))
+
+
+class SessionSchema(Schema):
+    id = ma.fields.String(required=True, metadata={"example": "ses_01JD3Y9X8M2K4Q7R5T6V8W0Z1A"})
+    tenant_id = ma.fields.String(required=True, metadata={"format": "uuid"})
+    member_id = ma.fields.String(required=True)
+    email = ma.fields.String(required=True)
+    role = ma.fields.String(required=True, metadata={"enum": list(ROLES)})
+    csrf_token = ma.fields.String(
+        metadata={
+            "description": "Only in the sign-in response: send it as X-CSRF-Token on "
+            "every unsafe request of this session."
+        }
+    )
+    created_at = Timestamp(required=True)
+    expires_at = Timestamp(required=True)
+
+
+class SessionEnvelopeSchema(Schema):
+    session = ma.fields.Nested(SessionSchema, required=True)
+
+
+def _document(record: PortalSession, member: Member) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "tenantId": record.tenant_id,
+        "memberId": member.id,
+        "email": member.email,
+        "role": member.role,
+        "createdAt": iso_ms(record.created_at),
+        "expiresAt": iso_ms(record.expires_at),
+    }
+
+
+def _cookie_options() -> dict[str, Any]:
+    return {
+        "httponly": True,
+        "samesite": "Lax",
+        "path": "/v1",
+        "secure": not core().config.is_dev,
+    }
+
+
+@blp.route("/sessions")
+class Sessions(MethodView):
+    @blp.arguments(SignInSchema)
+    @blp.response(200, SessionEnvelopeSchema)
+    @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
+    @blp.alt_response(401, schema=ErrorSchema, description="unauthorized: wrong email or password")
+    def post(self, args: dict[str, Any]) -> Response:
+        """Sign in: sets the HttpOnly `settle_session` cookie and returns the CSRF token once."""
+        with auth.identity_db().transaction() as session:
+            issued = service.sign_in(session, args["email"], args["password"])
+            body = _document(issued.record, issued.member)
+        body = {**body, "csrfToken": issued.csrf_token}
+        response = json_response({"session": body})
+        response.set_cookie(auth.SESSION_COOKIE, issued.token, **_cookie_options())
+        return response
+
+
+@blp.route("/sessions/current")
+class CurrentSession(MethodView):
+    @auth.member(blp, "viewer")
+    @blp.response(200, SessionEnvelopeSchema)
+    def get(self) -> Response:
+        """The signed-in member's session (without the CSRF token)."""
+        session_id = auth.current_principal().session_id
+        with auth.identity_db().reader() as session:
+            record = session.get(PortalSession, session_id)
+            member = session.get(Member, record.member_id) if record else None
+            if record is None or member is None:
+                raise Unauthorized("the session has ended; sign in again")
+            body = _document(record, member)
+        return json_response({"session": body})
+
+    @auth.member(blp, "viewer")
+    @blp.response(204)
+    def delete(self) -> Response:
+        """Sign out: ends the session and clears the cookie."""
+        session_id = auth.current_principal().session_id
+        assert session_id is not None
+        with auth.identity_db().transaction() as session:
+            service.end_session(session, session_id)
+        response = Response(status=204)
+        response.delete_cookie(auth.SESSION_COOKIE, **_cookie_options())
+        return response
