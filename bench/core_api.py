@@ -25,11 +25,11 @@ from shared.identity import service as identity
 
 CREATE_SCRIPT = r"""
 local counter = 0
-local tid = 0
-local threads = {}
+local started = 0
 function setup(thread)
-  tid = tid + 1
-  thread:set("tid", tid)
+  -- Runs in the main state; `tid` becomes a global of each thread's own state.
+  started = started + 1
+  thread:set("tid", started)
 end
 function init(args)
   math.randomseed(os.time() + tid)
