@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -60,6 +61,17 @@ def is_current(component: Component, url: str) -> bool:
         engine.dispose()
 
 
+def _only_own_tables(metadata: MetaData | None) -> Any:
+    """Autogenerate sees only this component's tables, never another's (or their versions)."""
+
+    def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+        if type_ != "table" or metadata is None:
+            return True
+        return name in metadata.tables
+
+    return include_name
+
+
 def run_env(target_metadata: MetaData | None = None) -> None:
     """Body of every component's alembic env.py (online mode only)."""
     from alembic import context
@@ -74,6 +86,7 @@ def run_env(target_metadata: MetaData | None = None) -> None:
                 connection=connection,
                 version_table=cfg.attributes["version_table"],
                 target_metadata=target_metadata,
+                include_name=_only_own_tables(target_metadata),
                 render_as_batch=connection.dialect.name == "sqlite",
             )
             with context.begin_transaction():

@@ -23,8 +23,17 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     app.extensions[IDENTITY_DB] = context.identity_db
     api = make_api(app, title="Settle core API", version=VERSION, openapi_path="/v1/openapi.json")
 
-    from services.core.api import accounts, chains, fee_preview, policy, sessions, status
+    from services.core.api import (
+        accounts,
+        chains,
+        deposits,
+        fee_preview,
+        policy,
+        sandbox,
+        sessions,
+        status,
+    )
 
-    for module in (chains, status, policy, accounts, fee_preview, sessions):
+    for module in (chains, status, policy, accounts, fee_preview, sessions, deposits, sandbox):
         api.register_blueprint(module.blp)
     return app

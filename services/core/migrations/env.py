@@ -1,3 +1,4 @@
+import services.core.deposits.models  # noqa: F401
 from services.core.models import CoreBase
 from shared.migrate import run_env
 

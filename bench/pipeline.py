@@ -1,0 +1,392 @@
+"""Deposit pipeline throughput: sandbox deposits to credited events, and the chain watcher.
+
+    .venv/bin/python bench/pipeline.py [--quick] [--deposits N] [--workers W] [--transfers T]
+
+1. Sandbox: N deposits submitted through core's API (Flask test client, real
+   PostgreSQL) while W pipeline worker processes (the worker's settlement loop)
+   confirm and settle them; deposits/s from the first submission
+   to the last `deposit.credited` event in the outbox, with per-deposit latency.
+   Then the same number as a backlog, drained by the workers alone (their capacity).
+2. Watcher: T ERC-20 transfers to deposit addresses on the in-process EVM
+   (eth-tester + py-evm), then one watcher scans them from its cursor: transfer logs
+   scanned (and recorded as deposits) per second, and the node's eth_getLogs alone;
+   then 5 T transfers on InMemoryChain, where the watcher's own database work is all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sqlalchemy as sa
+from bip_utils import Bip32Secp256k1
+
+from bench.harness import fresh_database, machine, process
+from services.core.addresses import AddressDeriver
+from services.core.api.sandbox import SETTINGS_EXTENSION
+from services.core.app import create_app
+from services.core.chains import ChainRegistry, load_chains, parse_chains
+from services.core.config import CoreConfig
+from services.core.context import CoreContext
+from services.core.deposits.models import Deposit
+from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
+from services.core.deposits.service import DepositService
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.worker import Pipeline, run
+from services.core.fees import refresh_fees
+from services.core.models import DepositAccount, DepositAddress, OutboxEvent
+from shared.db import Database
+from shared.identity import service as identity
+from shared.timefmt import utcnow
+
+WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
+USDC_BASE = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+
+
+def add_accounts(
+    db: Database, registry: ChainRegistry, deriver: AddressDeriver, tenant_id: str, count: int
+) -> list[dict[int, str]]:
+    """Accounts (rows) with one derived address per active chain; their addresses."""
+    out = []
+    now = utcnow()
+    with db.transaction() as session:
+        for _ in range(count):
+            account = DepositAccount(
+                id=f"acc_{uuid.uuid4().hex[:26].upper()}",
+                tenant_id=tenant_id,
+                external_user_id=f"bench-{uuid.uuid4().hex[:12]}",
+                status="active",
+                dest_chain_id=8453,
+                dest_address=WALLET,
+                dest_token_address=USDC_BASE,
+                metadata_={},
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(account)
+            session.flush()
+            addresses = {}
+            for position, chain in enumerate(registry.active()):
+                address = deriver.derive(chain.chain_id, account.pk)
+                session.add(
+                    DepositAddress(
+                        account_pk=account.pk,
+                        chain_id=chain.chain_id,
+                        address=address,
+                        position=position,
+                    )
+                )
+                addresses[chain.chain_id] = address
+            out.append(addresses)
+    return out
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct))]
+
+
+def bench_sandbox(url: str, deposits: int, workers: int) -> dict[str, float]:
+    xpub = Bip32Secp256k1.FromSeed(bytes(range(32))).PublicKey().ToExtended()
+    config = CoreConfig(
+        database_url=url,
+        identity_database_url=url,
+        env="production",
+        deposit_xpub=xpub,
+        sandbox=True,
+        data_dir=Path("/tmp"),
+    )
+    db = Database(url, pool_size=workers + 4)
+    ctx = CoreContext.build(config, db=db, identity_db=db)
+    refresh_fees(db, ctx.registry)
+    with db.transaction() as session:
+        tenant, issued = identity.create_tenant(session, "bench-pipeline", sandbox=True)
+        tenant_id, api_key = tenant.id, issued.api_key
+    accounts = add_accounts(db, ctx.registry, ctx.deriver, tenant_id, 50)
+    settings = PipelineSettings(sandbox_block_s=0, poll_s=0.01, batch_size=200)
+    app = create_app(context=ctx)
+    app.extensions[SETTINGS_EXTENSION] = settings
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    with workers_running(url, workers):
+        figures = _submit_and_wait(db, client, headers, accounts, tenant_id, deposits, workers)
+    # The pipeline alone: a backlog of deposits, then the workers drain it.
+    service = DepositService(db, ctx.registry, settings=settings)
+    backlog = [
+        service.create_sandbox_deposit(
+            tenant_id,
+            chain_id=8453,
+            deposit_address=accounts[n % len(accounts)][8453],
+            asset="USDC",
+            amount=Decimal("20.5"),
+        )["id"]
+        for n in range(deposits)
+    ]
+    with workers_running(url, workers):
+        started = time.perf_counter()
+        wait_credited(db, tenant_id, 2 * deposits)
+        figures["drained_per_s"] = len(backlog) / (time.perf_counter() - started)
+    db.dispose()
+    return figures
+
+
+@contextlib.contextmanager
+def workers_running(url: str, workers: int) -> Iterator[None]:
+    """Pipeline worker processes (as in production: threads would share one GIL)."""
+    ready_dir = Path(tempfile.mkdtemp(prefix="settle-bench-ready-"))
+    with contextlib.ExitStack() as stack:
+        for n in range(workers):
+            env = {
+                "SETTLE_DATABASE_URL": url,
+                "SETTLE_ENV": "production",
+                "SETTLE_BENCH_READY": str(ready_dir / str(n)),
+            }
+            stack.enter_context(process([sys.executable, __file__, "--worker"], env))
+        deadline = time.monotonic() + 60
+        while len(list(ready_dir.iterdir())) < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError("pipeline workers did not start")
+            time.sleep(0.05)
+        yield
+
+
+def wait_credited(db: Database, tenant_id: str, count: int) -> None:
+    """Until the tenant's outbox holds `count` deposit.credited events (bounded)."""
+    credited = 0
+    deadline = time.monotonic() + 600
+    while credited < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {credited} of {count} credited")
+        with db.reader() as session:
+            credited = int(
+                session.scalar(
+                    sa.select(sa.func.count()).where(
+                        OutboxEvent.tenant_id == tenant_id,
+                        OutboxEvent.event_type == "deposit.credited",
+                    )
+                )
+                or 0
+            )
+        time.sleep(0.02)
+
+
+def _submit_and_wait(
+    db: Database,
+    client: Any,
+    headers: dict[str, str],
+    accounts: list[dict[int, str]],
+    tenant_id: str,
+    deposits: int,
+    workers: int,
+) -> dict[str, float]:
+    started = time.perf_counter()
+    for n in range(deposits):
+        response = client.post(
+            "/v1/sandbox/deposits",
+            json={
+                "depositAddress": accounts[n % len(accounts)][8453],
+                "chainId": 8453,
+                "asset": "USDC",
+                "amount": f"{10 + n % 90}.25",
+            },
+            headers=headers,
+        )
+        if response.status_code != 200:
+            raise RuntimeError(response.get_data(as_text=True))
+    submitted = time.perf_counter() - started
+    wait_credited(db, tenant_id, deposits)
+    elapsed = time.perf_counter() - started
+    with db.reader() as session:
+        rows = session.execute(
+            sa.select(Deposit.created_at, Deposit.credited_at).where(
+                Deposit.tenant_id == tenant_id, Deposit.credited_at.is_not(None)
+            )
+        ).all()
+    latencies = [(c - s).total_seconds() * 1000 for s, c in rows]
+    return {
+        "deposits": deposits,
+        "workers": workers,
+        "submitted_per_s": deposits / submitted,
+        "credited_per_s": deposits / elapsed,
+        "latency_p50_ms": statistics.median(latencies),
+        "latency_p95_ms": percentile(latencies, 0.95),
+    }
+
+
+def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
+    from services.core.deposits.watcher import ChainWatcher
+    from tests.support.evm_chain import EvmChain
+
+    evm = EvmChain()
+    token = evm.deploy_token("USDC", 6)
+    chain_id = 31337
+    toml = (
+        f'[default_settlement_venue]\nchain_id = {chain_id}\nasset = "USDC"\n'
+        f'[[chains]]\nchain_id = {chain_id}\nname = "Bench"\nstatus = "active"\n'
+        'native_symbol = "ETH"\nnative_usd = 3000.0\ngas_price_gwei = 1.0\n'
+        "settlement_gas_units = 65000\nconfirmations = 3\nmin_deposit_usd = 1.0\n"
+        f'[[chains.assets]]\nsymbol = "USDC"\ntoken_address = "{token}"\ndecimals = 6\n'
+    )
+    registry = parse_chains(toml)
+    db = Database(url, pool_size=4)
+    xpub = Bip32Secp256k1.FromSeed(bytes(range(1, 33))).PublicKey().ToExtended()
+    with db.transaction() as session:
+        tenant, _ = identity.create_tenant(session, "bench-watcher")
+    addresses = [
+        a[chain_id] for a in add_accounts(db, registry, AddressDeriver(xpub), tenant.id, 200)
+    ]
+    sender = evm.new_account()
+    evm.mint(token, sender.address, transfers * 10**6 * 2)
+    first = evm.head() + 1
+    queued = time.perf_counter()
+    for n in range(transfers):
+        evm.transfer(token, sender, addresses[n % len(addresses)], 10**6 + n)
+        if (n + 1) % per_block == 0:
+            evm.mine()
+    evm.mine(4)
+    mining_s = time.perf_counter() - queued
+
+    reader = evm.reader()
+    t0 = time.perf_counter()
+    logs = reader.transfers(first, evm.head(), None, addresses)
+    get_logs_s = time.perf_counter() - t0
+    service = DepositService(db, registry)
+    chain = registry.get(chain_id)
+    assert chain is not None
+    watcher = ChainWatcher(service, chain, reader, lag_blocks=0, max_range=500, start_block=first)
+    t0 = time.perf_counter()
+    while not watcher.tick().caught_up:
+        pass
+    scan_s = time.perf_counter() - t0
+    with db.reader() as session:
+        recorded = int(
+            session.scalar(sa.select(sa.func.count()).where(Deposit.chain_id == chain_id)) or 0
+        )
+    db.dispose()
+    if recorded != transfers or len(logs) != transfers:
+        raise RuntimeError(f"{transfers} transfers, {len(logs)} logs, {recorded} deposits")
+    return {
+        "transfers": transfers,
+        "blocks": evm.head() - first + 1,
+        "mining_s": mining_s,
+        "get_logs_per_s": transfers / get_logs_s,
+        "scanned_per_s": transfers / scan_s,
+    }
+
+
+def worker_main() -> int:
+    """A pipeline worker process: settlement rounds until SIGTERM."""
+    url = os.environ["SETTLE_DATABASE_URL"]
+    settings = PipelineSettings(sandbox_block_s=0, poll_s=0.01, batch_size=200)
+    db = Database(url, pool_size=2)
+    service = DepositService(db, load_chains(), settings=settings)
+    pipeline = Pipeline(
+        service=service,
+        sandbox=SandboxConfirmer(service, SandboxChain(0), batch_size=settings.batch_size),
+        settings=settings,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    Path(os.environ["SETTLE_BENCH_READY"]).touch()
+    run(pipeline, stop)
+    db.dispose()
+    return 0
+
+
+def bench_watcher_in_memory(url: str, transfers: int) -> float:
+    """The watcher's own cost (database work) with a node that answers from memory."""
+    from services.core.deposits.watcher import ChainWatcher
+    from services.core.evm import InMemoryChain
+
+    chain_id = 31338
+    token = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+    toml = (
+        f'[default_settlement_venue]\nchain_id = {chain_id}\nasset = "USDC"\n'
+        f'[[chains]]\nchain_id = {chain_id}\nname = "Bench"\nstatus = "active"\n'
+        'native_symbol = "ETH"\nnative_usd = 3000.0\ngas_price_gwei = 1.0\n'
+        "settlement_gas_units = 65000\nconfirmations = 3\nmin_deposit_usd = 1.0\n"
+        f'[[chains.assets]]\nsymbol = "USDC"\ntoken_address = "{token}"\ndecimals = 6\n'
+    )
+    registry = parse_chains(toml)
+    db = Database(url, pool_size=4)
+    xpub = Bip32Secp256k1.FromSeed(bytes(range(2, 34))).PublicKey().ToExtended()
+    with db.transaction() as session:
+        tenant, _ = identity.create_tenant(session, "bench-watcher-mem")
+    addresses = [
+        a[chain_id] for a in add_accounts(db, registry, AddressDeriver(xpub), tenant.id, 200)
+    ]
+    chain = InMemoryChain(chain_id)
+    for n in range(transfers):
+        chain.transfer(token, WALLET, addresses[n % len(addresses)], 10**6 + n)
+        if (n + 1) % 100 == 0:
+            chain.mine()
+    chain.mine(4)
+    registry_chain = registry.get(chain_id)
+    assert registry_chain is not None
+    watcher = ChainWatcher(
+        DepositService(db, registry), registry_chain, chain, lag_blocks=0, start_block=1
+    )
+    started = time.perf_counter()
+    while not watcher.tick().caught_up:
+        pass
+    elapsed = time.perf_counter() - started
+    db.dispose()
+    return transfers / elapsed
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--worker"]:
+        return worker_main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")
+    parser.add_argument("--deposits", type=int, help="sandbox deposits (default 1000, quick 100)")
+    parser.add_argument("--workers", type=int, default=2, help="pipeline workers")
+    parser.add_argument("--transfers", type=int, help="chain transfers (default 1000, quick 100)")
+    args = parser.parse_args()
+    deposits = args.deposits or (100 if args.quick else 1000)
+    transfers = args.transfers or (100 if args.quick else 1000)
+
+    url = fresh_database("settle_bench_pipeline")
+    load_chains()  # fail early on a broken chains file
+    sandbox = bench_sandbox(url, deposits, args.workers)
+    watcher = bench_watcher(url, transfers, per_block=50)
+    in_memory = bench_watcher_in_memory(url, transfers * 5)
+    print(f"machine: {machine()}")
+    print(
+        f"sandbox -> credited: {sandbox['deposits']} deposits, {sandbox['workers']} workers: "
+        f"{sandbox['credited_per_s']:.1f} deposits/s end to end "
+        f"(submitted {sandbox['submitted_per_s']:.1f}/s; latency p50 "
+        f"{sandbox['latency_p50_ms']:.0f} ms, p95 {sandbox['latency_p95_ms']:.0f} ms)"
+    )
+    print(
+        f"sandbox backlog drained by the workers alone: {sandbox['drained_per_s']:.1f} deposits/s"
+    )
+    print(
+        f"watcher (in-process EVM): {watcher['transfers']} transfers in {watcher['blocks']} "
+        f"blocks: {watcher['scanned_per_s']:.1f} logs/s scanned and recorded "
+        f"(eth_getLogs alone {watcher['get_logs_per_s']:.1f} logs/s)"
+    )
+    print(
+        f"watcher (InMemoryChain node, so the database work alone): {transfers * 5} "
+        f"transfers: {in_memory:.1f} logs/s scanned, recorded and confirmed"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

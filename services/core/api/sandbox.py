@@ -1,0 +1,113 @@
+"""Sandbox deposits: simulate a deposit that enters the real pipeline, to rehearse webhooks."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import marshmallow as ma
+from flask import Response, current_app, jsonify
+from flask.views import MethodView
+
+from services.core.api.deposits import DepositEnvelopeSchema
+from services.core.context import core
+from services.core.deposits.sandbox import SandboxChain
+from services.core.deposits.service import SANDBOX_OUTCOMES, DepositService
+from services.core.deposits.settings import PipelineSettings
+from services.core.models import IdempotencyRecord
+from shared.api import Address, Blueprint, ErrorSchema, Schema, StrictInteger
+from shared.errors import Forbidden
+from shared.idempotency import idempotent
+from shared.identity import auth
+from shared.timefmt import utcnow
+
+#: App extension holding the pipeline settings (read from the environment once).
+SETTINGS_EXTENSION = "settle.deposits.settings"
+
+_DECIMAL = re.compile(r"^[0-9]{1,60}(\.[0-9]{1,36})?$")
+
+blp = Blueprint(
+    "sandbox",
+    __name__,
+    url_prefix="/v1",
+    description="Sandbox: simulated deposits that go through the real pipeline.",
+)
+
+
+def pipeline_settings() -> PipelineSettings:
+    settings: PipelineSettings | None = current_app.extensions.get(SETTINGS_EXTENSION)
+    if settings is None:
+        settings = PipelineSettings.from_env()
+        current_app.extensions[SETTINGS_EXTENSION] = settings
+    return settings
+
+
+class DecimalString(ma.fields.String):
+    """A positive decimal amount written as a string (`"125.50"`), never a float."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Decimal:
+        if not isinstance(value, str):
+            raise ma.ValidationError('must be a decimal string such as "125.50"')
+        if not _DECIMAL.match(value):
+            raise ma.ValidationError('must be a decimal string such as "125.50"')
+        try:
+            amount = Decimal(value)
+        except InvalidOperation:
+            raise ma.ValidationError('must be a decimal string such as "125.50"') from None
+        if amount <= 0:
+            raise ma.ValidationError("must be greater than 0")
+        return amount
+
+
+class SandboxDepositSchema(Schema):
+    deposit_address = Address(required=True, metadata={"description": "One of your addresses."})
+    chain_id = StrictInteger(required=True, metadata={"example": 8453})
+    asset = ma.fields.String(
+        required=True, validate=ma.validate.Length(min=1, max=20), metadata={"example": "USDC"}
+    )
+    amount = DecimalString(required=True, metadata={"example": "125.50"})
+    outcome = ma.fields.String(
+        load_default="credited",
+        validate=ma.validate.OneOf(SANDBOX_OUTCOMES),
+        metadata={"description": "What the pipeline will do with it (default credited)."},
+    )
+
+
+@blp.route("/sandbox/deposits")
+class SandboxDeposits(MethodView):
+    @auth.api_key(blp, "sandbox:write")
+    @idempotent(IdempotencyRecord)
+    @blp.arguments(SandboxDepositSchema)
+    @blp.response(200, DepositEnvelopeSchema)
+    @blp.alt_response(400, schema=ErrorSchema, description="invalid_request or unsupported_chain")
+    @blp.alt_response(404, schema=ErrorSchema, description="not_found: not your deposit address")
+    @blp.alt_response(409, schema=ErrorSchema, description="idempotency_key_reused")
+    @blp.alt_response(413, schema=ErrorSchema, description="payload_too_large")
+    def post(self, args: dict[str, Any]) -> Response:
+        """Simulate a deposit to one of your deposit addresses.
+
+        Only for sandbox tenants (or when the service runs with SETTLE_SANDBOX on). The
+        deposit starts in source_seen, gains confirmations on simulated blocks and then
+        follows `outcome`: credited (default), failed or manual_review, emitting the
+        same events as a real deposit.
+        """
+        ctx = core()
+        principal = auth.current_principal()
+        if not (principal.sandbox or ctx.config.sandbox):
+            raise Forbidden("sandbox deposits are only for sandbox tenants")
+        settings = pipeline_settings()
+        chain = SandboxChain(settings.sandbox_block_s)
+        block = chain.head(utcnow())
+        service = DepositService(ctx.db, ctx.registry, settings=settings)
+        document = service.create_sandbox_deposit(
+            principal.tenant_id,
+            chain_id=args["chain_id"],
+            deposit_address=args["deposit_address"],
+            asset=args["asset"],
+            amount=args["amount"],
+            outcome=args["outcome"],
+            block_number=block,
+            block_hash=chain.block_hash(args["chain_id"], block),
+        )
+        return jsonify({"deposit": document})

@@ -1,0 +1,105 @@
+"""`settle deposits credit|fail`: ops resolve a deposit by hand, recording who and why.
+
+Allowed for deposits in manual review, or stuck (no progress for
+SETTLE_OPS_STUCK_AFTER_S); also days later: the transition is emitted as its durable
+event like any other. Prints `{"deposit": {...}}`; errors go to stderr with exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import sys
+from collections.abc import Callable
+
+from services.core.chains import load_chains
+from services.core.config import CoreConfig
+from services.core.deposits.service import DepositService
+from services.core.deposits.settings import PipelineSettings
+from shared.db import Database
+from shared.errors import ApiError
+
+_TX_HASH = re.compile(r"^0x[0-9a-fA-F]{64}$")
+
+
+def build_service() -> DepositService:
+    """A DepositService from the environment (the CLI's own small pool)."""
+    config = CoreConfig.from_env()
+    return DepositService(
+        Database(config.database_url, pool_size=1),
+        load_chains(config.chains_file),
+        settings=PipelineSettings.from_env(),
+    )
+
+
+def _operator(name: str | None) -> str:
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "ops"
+
+
+def credit(args: argparse.Namespace, service: DepositService | None = None) -> int:
+    if not _TX_HASH.match(args.tx):
+        sys.stderr.write("error: invalid_request: --tx must be 0x followed by 64 hex characters\n")
+        return 2
+    own = service is None
+    service = service or build_service()
+    try:
+        document = service.ops_credit(
+            args.deposit_id, args.tx.lower(), by=_operator(args.by), reason=args.reason
+        )
+    finally:
+        if own:
+            service.db.dispose()
+    sys.stdout.write(json.dumps({"deposit": document}) + "\n")
+    return 0
+
+
+def fail(args: argparse.Namespace, service: DepositService | None = None) -> int:
+    if not args.reason.strip():
+        sys.stderr.write("error: invalid_request: --reason must not be empty\n")
+        return 2
+    own = service is None
+    service = service or build_service()
+    try:
+        document = service.ops_fail(args.deposit_id, args.reason.strip(), by=_operator(args.by))
+    finally:
+        if own:
+            service.db.dispose()
+    sys.stdout.write(json.dumps({"deposit": document}) + "\n")
+    return 0
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except ApiError as err:
+            sys.stderr.write(f"error: {err.code}: {err.message}\n")
+            return 2
+
+    return run
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    deposits = sub.add_parser("deposits", help="ops actions on deposits").add_subparsers(
+        dest="action", required=True
+    )
+    p = deposits.add_parser(
+        "credit", help="mark a deposit credited by hand (manual review or stuck deposits)"
+    )
+    p.add_argument("deposit_id", metavar="DEPOSIT_ID")
+    p.add_argument("--tx", required=True, help="hash of the transaction that paid the credit")
+    p.add_argument("--by", help="who is acting (default: the OS user)")
+    p.add_argument("--reason", help="why, for the record")
+    p.set_defaults(func=_guard(credit))
+    p = deposits.add_parser("fail", help="mark a deposit failed by hand")
+    p.add_argument("deposit_id", metavar="DEPOSIT_ID")
+    p.add_argument("--reason", required=True, help="becomes the deposit's failureReason")
+    p.add_argument("--by", help="who is acting (default: the OS user)")
+    p.set_defaults(func=_guard(fail))

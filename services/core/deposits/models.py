@@ -1,0 +1,161 @@
+"""Tables of the deposit pipeline: deposits, watcher cursors, inventory, route providers.
+
+Token amounts are stored as decimal text (exact on SQLite and PostgreSQL alike, and a
+uint256 fits); USD figures as NUMERIC to the micro-dollar.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.models import CoreBase
+from shared.db import JSONType, UTCDateTime
+
+#: A deposit whose transfer vanished in a reorg leaves the uniqueness rule, so the same
+#: transfer mined again later is a new deposit (the reorged one is final and stays failed).
+LIVE_SOURCE = "failure_reason IS NULL OR failure_reason <> 'reorged'"
+#: Non-final deposits: the worker's scans read only these.
+OPEN_DEPOSITS = "status NOT IN ('credited', 'failed')"
+
+
+class Deposit(CoreBase):
+    """One incoming transfer to a deposit address and its way to a credit."""
+
+    __tablename__ = "deposits"
+    __table_args__ = (
+        sa.Index(
+            "uq_deposit_source",
+            "chain_id",
+            "source_tx_hash",
+            "log_index",
+            unique=True,
+            postgresql_where=sa.text(LIVE_SOURCE),
+            sqlite_where=sa.text(LIVE_SOURCE),
+        ),
+        sa.Index("ix_deposits_tenant_id", "tenant_id", "id"),
+        sa.Index("ix_deposits_tenant_user", "tenant_id", "external_user_id", "id"),
+        sa.Index(
+            "ix_deposits_open",
+            "status",
+            "chain_id",
+            postgresql_where=sa.text(OPEN_DEPOSITS),
+            sqlite_where=sa.text(OPEN_DEPOSITS),
+        ),
+    )
+
+    #: `dep_<ulid>`: sorts by creation time, so lists page on it.
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.String(36))
+    account_pk: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("deposit_accounts.pk"))
+    account_id: Mapped[str] = mapped_column(sa.String(40))
+    external_user_id: Mapped[str] = mapped_column(sa.String(255))
+    status: Mapped[str] = mapped_column(sa.String(30))
+    chain_id: Mapped[int] = mapped_column(sa.Integer)
+    deposit_address: Mapped[str] = mapped_column(sa.String(42))
+    #: Symbol of a supported asset; None for a token the chain does not support.
+    asset: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    token_address: Mapped[str] = mapped_column(sa.String(42))
+    #: None when the token is not supported (its decimals are not known).
+    decimals: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    #: The transfer's value in the token's base units, as decimal text.
+    amount_raw: Mapped[str] = mapped_column(sa.String(80))
+    amount_usd: Mapped[Decimal | None] = mapped_column(sa.Numeric(30, 6), nullable=True)
+    #: The chain's live fee, recorded at settlement (an estimate before).
+    fee_usd: Mapped[Decimal | None] = mapped_column(sa.Numeric(20, 6), nullable=True)
+    net_usd: Mapped[Decimal | None] = mapped_column(sa.Numeric(30, 6), nullable=True)
+    source_tx_hash: Mapped[str] = mapped_column(sa.String(66))
+    log_index: Mapped[int] = mapped_column(sa.Integer)
+    from_address: Mapped[str | None] = mapped_column(sa.String(42), nullable=True)
+    block_number: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    block_hash: Mapped[str | None] = mapped_column(sa.String(66), nullable=True)
+    confirmations: Mapped[int] = mapped_column(sa.Integer, default=0)
+    required_confirmations: Mapped[int] = mapped_column(sa.Integer)
+    #: The account's destination when the deposit was detected (a snapshot).
+    dest_chain_id: Mapped[int] = mapped_column(sa.Integer)
+    dest_address: Mapped[str] = mapped_column(sa.String(42))
+    dest_token_address: Mapped[str] = mapped_column(sa.String(42))
+    #: `direct`, `inventory`, `routed` or `manual`, once chosen.
+    route: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    #: The payer or route provider that carries the credit.
+    provider: Mapped[str | None] = mapped_column(sa.String(60), nullable=True)
+    provider_ref: Mapped[str | None] = mapped_column(sa.String(200), nullable=True)
+    #: Set while a call to a payer or provider is in flight (`paying`, `submitting`), so a
+    #: crash in the middle is noticed instead of paying twice.
+    settle_phase: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    settle_attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: Providers that failed this deposit: alternates are tried first.
+    failed_providers: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    #: What the credit pays, in destination token units (decimal text).
+    credit_amount: Mapped[str | None] = mapped_column(sa.String(80), nullable=True)
+    #: Destination token units taken from tracked inventory for this credit (decimal text).
+    inventory_reserved: Mapped[str | None] = mapped_column(sa.String(80), nullable=True)
+    credit_tx_hash: Mapped[str | None] = mapped_column(sa.String(100), nullable=True)
+    failure_reason: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
+    review_reason: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
+    sandbox: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    sandbox_outcome: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    #: Who resolved the deposit by hand, and why (ops commands).
+    ops_by: Mapped[str | None] = mapped_column(sa.String(120), nullable=True)
+    ops_reason: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    ops_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    confirmed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    credited_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ChainCursor(CoreBase):
+    """Where a chain's watcher continues: every block below `next_block` is scanned."""
+
+    __tablename__ = "chain_cursors"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    next_block: Mapped[int] = mapped_column(sa.BigInteger)
+    #: The node's head when last read (for status and lag figures).
+    head: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ChainCheckpoint(CoreBase):
+    """The hash of the last block of each scanned range: how a reorg is noticed."""
+
+    __tablename__ = "chain_checkpoints"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    number: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    hash: Mapped[str] = mapped_column(sa.String(66))
+
+
+class InventoryBalance(CoreBase):
+    """Settle's own balance of a token on a chain, that pays credits at once."""
+
+    __tablename__ = "settlement_inventory"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    token_address: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    asset: Mapped[str] = mapped_column(sa.String(20))
+    #: Token units as decimal text (exact on every backend).
+    balance: Mapped[str] = mapped_column(sa.String(80))
+    low_threshold: Mapped[str] = mapped_column(sa.String(80))
+    #: True once `inventory.low_balance` went out for the current dip (no repeats).
+    low_alerted: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RouteProviderHealth(CoreBase):
+    """A route provider's health as the pipeline last saw it."""
+
+    __tablename__ = "route_providers"
+
+    name: Mapped[str] = mapped_column(sa.String(60), primary_key=True)
+    #: `healthy` or `degraded` (degraded providers get no new traffic).
+    status: Mapped[str] = mapped_column(sa.String(20), default="healthy")
+    consecutive_failures: Mapped[int] = mapped_column(sa.Integer, default=0)
+    reason: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
+    checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,136 @@
+"""Knobs of the deposit pipeline, read from the environment into a frozen object.
+
+Kept beside the pipeline (not in CoreConfig) so the pipeline owns its settings; the
+node URLs still come from CoreConfig.rpc_urls (`SETTLE_RPC_URL_<chainId>`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+
+from shared.settings import SettingsError, env_bool, env_float, env_int, env_str, environ
+
+#: `chainId:SYMBOL=balance[@threshold]`, comma-separated.
+_INVENTORY_ITEM = re.compile(r"^\s*(\d+):([A-Za-z0-9._-]+)=([0-9.]+)(?:@([0-9.]+))?\s*$")
+
+
+@dataclass(frozen=True)
+class InventorySeed:
+    chain_id: int
+    asset: str
+    balance: Decimal
+    low_threshold: Decimal
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    #: Seconds per simulated block of sandbox deposits (0: confirmed at once).
+    sandbox_block_s: float = 0.2
+    #: Blocks the watcher stays behind the node's head when scanning.
+    watcher_lag_blocks: int = 1
+    #: Most blocks per eth_getLogs call.
+    watcher_max_range: int = 500
+    #: Most deposit addresses per eth_getLogs call (topic filter size).
+    watcher_address_batch: int = 1000
+    #: Seconds between watcher rounds when caught up.
+    watcher_poll_s: float = 2.0
+    #: JSON-RPC timeout of the watchers' nodes.
+    rpc_timeout_s: float = 10.0
+    #: Seconds between settlement rounds when idle.
+    poll_s: float = 0.5
+    #: Deposits per settlement round and step.
+    batch_size: int = 100
+    #: Settlement attempts (providers and retries together) before manual review.
+    max_settle_attempts: int = 5
+    #: Seconds before a failed settlement attempt is retried (doubles each time).
+    retry_base_s: float = 5.0
+    #: Consecutive failures (health checks or routes) that mark a provider degraded.
+    provider_max_failures: int = 3
+    #: Seconds between provider health checks.
+    health_check_s: float = 30.0
+    #: Seconds an in-flight payment may stay unresolved before manual review.
+    stuck_payment_s: float = 300.0
+    #: Seconds without progress after which ops may resolve a non-review deposit.
+    ops_stuck_after_s: float = 1800.0
+    #: Simulated payer and route provider for non-sandbox deposits (dev and demos).
+    simulated_settlement: bool = True
+    #: Seconds the simulated route provider takes to bridge.
+    simulated_bridge_s: float = 1.0
+    #: Hex private key of the hot wallet that pays direct and inventory credits on chain.
+    hot_wallet_key: str | None = None
+    #: USD prices by asset symbol, over the built-in stablecoins at 1.
+    prices_usd: Mapping[str, Decimal] = field(default_factory=dict)
+    #: Inventory balances to start from (rows already tracked are not overwritten).
+    inventory: tuple[InventorySeed, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PipelineSettings:
+        env = environ() if env is None else env
+        dev = (env_str(env, "SETTLE_ENV", "dev") or "dev") == "dev"
+        return cls(
+            sandbox_block_s=_non_negative(env, "SETTLE_SANDBOX_BLOCK_S", 0.2),
+            watcher_lag_blocks=env_int(env, "SETTLE_WATCHER_LAG_BLOCKS", 1),
+            watcher_max_range=max(1, env_int(env, "SETTLE_WATCHER_MAX_RANGE", 500)),
+            watcher_address_batch=max(1, env_int(env, "SETTLE_WATCHER_ADDRESS_BATCH", 1000)),
+            watcher_poll_s=_non_negative(env, "SETTLE_WATCHER_POLL_S", 2.0),
+            rpc_timeout_s=_non_negative(env, "SETTLE_RPC_TIMEOUT_S", 10.0),
+            poll_s=_non_negative(env, "SETTLE_PIPELINE_POLL_S", 0.5),
+            batch_size=max(1, env_int(env, "SETTLE_PIPELINE_BATCH", 100)),
+            max_settle_attempts=max(1, env_int(env, "SETTLE_SETTLE_MAX_ATTEMPTS", 5)),
+            retry_base_s=_non_negative(env, "SETTLE_SETTLE_RETRY_S", 5.0),
+            provider_max_failures=max(1, env_int(env, "SETTLE_PROVIDER_MAX_FAILURES", 3)),
+            health_check_s=_non_negative(env, "SETTLE_PROVIDER_HEALTH_S", 30.0),
+            stuck_payment_s=_non_negative(env, "SETTLE_STUCK_PAYMENT_S", 300.0),
+            ops_stuck_after_s=_non_negative(env, "SETTLE_OPS_STUCK_AFTER_S", 1800.0),
+            simulated_settlement=env_bool(env, "SETTLE_SIMULATED_SETTLEMENT", dev),
+            simulated_bridge_s=_non_negative(env, "SETTLE_SIMULATED_BRIDGE_S", 1.0),
+            hot_wallet_key=env_str(env, "SETTLE_HOT_WALLET_KEY"),
+            prices_usd=parse_prices(env_str(env, "SETTLE_PRICES_USD", "") or ""),
+            inventory=parse_inventory(env_str(env, "SETTLE_INVENTORY", "") or ""),
+        )
+
+
+def _non_negative(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env_float(env, name, default)
+    if value < 0:
+        raise SettingsError(f"{name} must not be negative")
+    return value
+
+
+def _decimal(text: str, name: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise SettingsError(f"{name}: {text!r} is not a number") from None
+    if not value.is_finite() or value < 0:
+        raise SettingsError(f"{name}: {text!r} must be a non-negative number")
+    return value
+
+
+def parse_prices(text: str) -> dict[str, Decimal]:
+    """`WETH=3000,EURC=1.08` -> {"WETH": Decimal("3000"), ...}."""
+    prices: dict[str, Decimal] = {}
+    for item in (p for p in text.split(",") if p.strip()):
+        symbol, sep, value = item.partition("=")
+        if not sep or not symbol.strip():
+            raise SettingsError(f"SETTLE_PRICES_USD: {item!r} is not SYMBOL=price")
+        prices[symbol.strip()] = _decimal(value.strip(), "SETTLE_PRICES_USD")
+    return prices
+
+
+def parse_inventory(text: str) -> tuple[InventorySeed, ...]:
+    """`8453:USDC=250000@10000,1:USDC=50000` (threshold defaults to 10 % of the balance)."""
+    seeds = []
+    for item in (p for p in text.split(",") if p.strip()):
+        match = _INVENTORY_ITEM.match(item)
+        if not match:
+            raise SettingsError(
+                f"SETTLE_INVENTORY: {item!r} is not chainId:SYMBOL=balance[@threshold]"
+            )
+        balance = _decimal(match.group(3), "SETTLE_INVENTORY")
+        threshold = _decimal(match.group(4), "SETTLE_INVENTORY") if match.group(4) else balance / 10
+        seeds.append(InventorySeed(int(match.group(1)), match.group(2), balance, threshold))
+    return tuple(seeds)

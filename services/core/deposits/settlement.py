@@ -1,0 +1,572 @@
+"""Settlement routes behind one interface, inventory balances and route provider health.
+
+Three kinds of route carry a credit to the deposit's destination:
+
+- `direct`: the deposit's own chain and token. Settle's payer on that chain pays at once.
+- `inventory`: another chain or token; Settle pays at once from its own tracked balance
+  on the destination chain (no `credit_submitted`).
+- `routed`: a route provider bridges the value; the credit is in flight
+  (`credit_submitted`) until the provider reports it done or failed.
+
+Every route answers `start(order)` and `poll(order, ref)` with an `Outcome`: `Credited`
+(with the credit's transaction), `InFlight` (with a reference to poll) or `Failed`.
+Payers and providers are called outside any database transaction; the service records
+their answers. Sandbox deposits only ever use the simulated payer and provider.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol
+
+import sqlalchemy as sa
+from eth_utils import keccak
+from sqlalchemy.orm import Session
+
+from services.core import outbox
+from services.core.chains import ChainRegistry
+from services.core.deposits.models import Deposit, InventoryBalance, RouteProviderHealth
+from services.core.deposits.settings import InventorySeed
+from services.core.evm import Erc20TransferExecutor, ReceiptTimeout
+from services.core.models import DepositAccount
+from shared import events
+from shared.db import Database
+from shared.timefmt import iso_ms, utcnow
+
+log = logging.getLogger(__name__)
+
+DIRECT = "direct"
+INVENTORY = "inventory"
+ROUTED = "routed"
+#: Credited by ops with a transaction they made themselves.
+MANUAL = "manual"
+
+HEALTHY = "healthy"
+DEGRADED = "degraded"
+
+Clock = Callable[[], datetime]
+
+
+# --- what a route is asked, and what it answers ---------------------------------------
+
+
+@dataclass(frozen=True)
+class CreditOrder:
+    """Pay `amount` of the destination token to the destination, for one deposit."""
+
+    deposit_id: str
+    sandbox: bool
+    source_chain_id: int
+    source_token_address: str
+    dest_chain_id: int
+    dest_address: str
+    dest_token_address: str
+    dest_asset: str
+    dest_decimals: int
+    #: Destination token units (already net of the fee).
+    amount: Decimal
+    net_usd: Decimal
+
+    @property
+    def amount_raw(self) -> int:
+        return int(self.amount.scaleb(self.dest_decimals))
+
+    @property
+    def same_token(self) -> bool:
+        return (
+            self.source_chain_id == self.dest_chain_id
+            and self.source_token_address.lower() == self.dest_token_address.lower()
+        )
+
+
+@dataclass(frozen=True)
+class Credited:
+    tx_hash: str
+
+
+@dataclass(frozen=True)
+class InFlight:
+    ref: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    #: True when retrying cannot help (the deposit fails); False: retry or review.
+    final: bool = False
+
+
+Outcome = Credited | InFlight | Failed
+
+
+class Route(Protocol):
+    kind: str
+    name: str
+    #: `start` may safely run again for the same order (after a crash mid-call).
+    idempotent: bool
+    #: Answers at once without I/O (simulated): may run inside the deciding transaction.
+    instant: bool
+
+    def start(self, order: CreditOrder) -> Outcome: ...
+
+    def poll(self, order: CreditOrder, ref: str) -> Outcome: ...
+
+
+class Payer(Protocol):
+    """Pays from Settle's own funds on one chain."""
+
+    name: str
+    idempotent: bool
+    instant: bool
+
+    def pay(self, order: CreditOrder) -> Outcome: ...
+
+    def check(self, order: CreditOrder, ref: str) -> Outcome: ...
+
+
+class RouteProvider(Protocol):
+    """A third party that bridges value to the destination."""
+
+    name: str
+    idempotent: bool
+    instant: bool
+
+    def supports(self, order: CreditOrder) -> bool: ...
+
+    def submit(self, order: CreditOrder) -> Outcome: ...
+
+    def check(self, order: CreditOrder, ref: str) -> Outcome: ...
+
+    def health(self) -> str | None:
+        """None when healthy, else why not."""
+        ...
+
+
+@dataclass(frozen=True)
+class PayerRoute:
+    """A direct or inventory route: a payer on the destination chain."""
+
+    kind: str
+    payer: Payer
+
+    @property
+    def name(self) -> str:
+        return self.payer.name
+
+    @property
+    def idempotent(self) -> bool:
+        return self.payer.idempotent
+
+    @property
+    def instant(self) -> bool:
+        return self.payer.instant
+
+    def start(self, order: CreditOrder) -> Outcome:
+        return self.payer.pay(order)
+
+    def poll(self, order: CreditOrder, ref: str) -> Outcome:
+        return self.payer.check(order, ref)
+
+
+@dataclass(frozen=True)
+class ProviderRoute:
+    """A routed credit through a route provider."""
+
+    provider: RouteProvider
+    kind: str = ROUTED
+
+    @property
+    def name(self) -> str:
+        return self.provider.name
+
+    @property
+    def idempotent(self) -> bool:
+        return self.provider.idempotent
+
+    @property
+    def instant(self) -> bool:
+        return self.provider.instant
+
+    def start(self, order: CreditOrder) -> Outcome:
+        return self.provider.submit(order)
+
+    def poll(self, order: CreditOrder, ref: str) -> Outcome:
+        return self.provider.check(order, ref)
+
+
+# --- payers and providers -------------------------------------------------------------
+
+
+def simulated_tx_hash(label: str, deposit_id: str) -> str:
+    """A deterministic fake transaction hash (the same for the same deposit)."""
+    return "0x" + keccak(text=f"settle:{label}:{deposit_id}").hex()
+
+
+class SimulatedPayer:
+    """Pays at once without touching a chain (dev, demos, sandbox)."""
+
+    idempotent = True
+    instant = True
+
+    def __init__(self, name: str = "simulated-payer") -> None:
+        self.name = name
+
+    def pay(self, order: CreditOrder) -> Outcome:
+        return Credited(simulated_tx_hash(self.name, order.deposit_id))
+
+    def check(self, order: CreditOrder, ref: str) -> Outcome:
+        return Credited(simulated_tx_hash(self.name, order.deposit_id))
+
+
+class SimulatedBridge:
+    """A route provider that bridges after `delay_s` (dev, demos, sandbox).
+
+    Stateless: the reference carries the submission time, so it survives restarts and
+    answers the same in every worker process.
+    """
+
+    idempotent = True
+    instant = True
+
+    def __init__(self, name: str = "simulated-bridge", delay_s: float = 1.0, clock: Clock = utcnow):
+        self.name = name
+        self.delay_s = delay_s
+        self.clock = clock
+
+    def supports(self, order: CreditOrder) -> bool:
+        return True
+
+    def submit(self, order: CreditOrder) -> Outcome:
+        return InFlight(f"{order.deposit_id}@{int(self.clock().timestamp() * 1000)}")
+
+    def check(self, order: CreditOrder, ref: str) -> Outcome:
+        _, _, submitted_ms = ref.rpartition("@")
+        try:
+            submitted = int(submitted_ms) / 1000
+        except ValueError:
+            return Failed(f"unknown reference {ref}")
+        if self.clock().timestamp() - submitted >= self.delay_s:
+            return Credited(simulated_tx_hash(self.name, order.deposit_id))
+        return InFlight(ref)
+
+    def health(self) -> str | None:
+        return None
+
+
+class EvmPayer:
+    """Pays with an ERC-20 `transfer` from the hot wallet on the destination chain.
+
+    Not idempotent: the transaction hash is known only once it is sent, so a crash
+    between sending and recording leaves a payment that only ops can reconcile.
+    """
+
+    idempotent = False
+    instant = False
+
+    def __init__(
+        self,
+        executor: Erc20TransferExecutor,
+        *,
+        name: str = "hot-wallet",
+        receipt_wait_s: float = 5.0,
+        receipt_poll_s: float = 0.2,
+    ) -> None:
+        self.executor = executor
+        self.name = name
+        self.receipt_wait_s = receipt_wait_s
+        self.receipt_poll_s = receipt_poll_s
+
+    def pay(self, order: CreditOrder) -> Outcome:
+        tx_hash = self.executor.transfer(
+            order.dest_token_address, order.dest_address, order.amount_raw
+        )
+        return self._wait(tx_hash, self.receipt_wait_s)
+
+    def check(self, order: CreditOrder, ref: str) -> Outcome:
+        return self._wait(ref, 0.0)
+
+    def _wait(self, tx_hash: str, timeout_s: float) -> Outcome:
+        try:
+            status, _block = self.executor.wait_receipt(
+                tx_hash, timeout_s=timeout_s, poll_s=self.receipt_poll_s
+            )
+        except ReceiptTimeout:
+            # Sent but not mined yet: in flight, polled later; never sent twice.
+            return InFlight(tx_hash)
+        if status != 1:
+            return Failed(f"credit transfer {tx_hash} reverted")
+        return Credited(tx_hash)
+
+
+# --- choosing routes, inventory, provider health --------------------------------------
+
+
+def _dec(text: str) -> Decimal:
+    return Decimal(text)
+
+
+class Settlement:
+    """Picks a route for a credit, keeps inventory balances and provider health."""
+
+    def __init__(
+        self,
+        registry: ChainRegistry,
+        *,
+        payers: Mapping[int, Payer] | None = None,
+        providers: Sequence[RouteProvider] = (),
+        sandbox_payer: Payer | None = None,
+        sandbox_provider: RouteProvider | None = None,
+        provider_max_failures: int = 3,
+    ) -> None:
+        self.registry = registry
+        self.payers = dict(payers or {})
+        self.providers = list(providers)
+        self.sandbox_payer = sandbox_payer or SimulatedPayer("sandbox-payer")
+        self.sandbox_provider = sandbox_provider or SimulatedBridge("sandbox-bridge", 0.0)
+        self.provider_max_failures = provider_max_failures
+
+    # -- routes ------------------------------------------------------------------------
+
+    def route_for(self, deposit: Deposit) -> Route | None:
+        """The route a deposit was given (to poll it or recover it), if still configured."""
+        if deposit.route in (DIRECT, INVENTORY):
+            payer = (
+                self.sandbox_payer if deposit.sandbox else self.payers.get(deposit.dest_chain_id)
+            )
+            if payer is not None and payer.name == deposit.provider:
+                return PayerRoute(deposit.route, payer)
+            return None
+        if deposit.route == ROUTED:
+            candidates = [self.sandbox_provider] if deposit.sandbox else self.providers
+            for provider in candidates:
+                if provider.name == deposit.provider:
+                    return ProviderRoute(provider)
+        return None
+
+    def choose(
+        self, session: Session, deposit: Deposit, order: CreditOrder, now: datetime
+    ) -> Route | None:
+        """The best available route; takes the amount from inventory when it pays from it.
+
+        Direct first, then inventory, then healthy route providers (those that have not
+        yet failed this deposit before those that have).
+        """
+        if order.sandbox:
+            if order.same_token:
+                return PayerRoute(DIRECT, self.sandbox_payer)
+            return ProviderRoute(self.sandbox_provider)
+        payer = self.payers.get(order.dest_chain_id)
+        if payer is not None:
+            inventory = session.get(
+                InventoryBalance,
+                (order.dest_chain_id, order.dest_token_address),
+                with_for_update=True,
+            )
+            if order.same_token and inventory is None:
+                return PayerRoute(DIRECT, payer)
+            if inventory is not None and _dec(inventory.balance) >= order.amount:
+                self._take(session, inventory, order.amount, now)
+                deposit.inventory_reserved = str(order.amount)
+                return PayerRoute(DIRECT if order.same_token else INVENTORY, payer)
+        degraded = set(
+            session.scalars(
+                sa.select(RouteProviderHealth.name).where(RouteProviderHealth.status == DEGRADED)
+            )
+        )
+        tried = set(deposit.failed_providers or [])
+        usable = [p for p in self.providers if p.name not in degraded and p.supports(order)]
+        usable.sort(key=lambda p: p.name in tried)  # stable: untried ones first
+        return ProviderRoute(usable[0]) if usable else None
+
+    def release(self, session: Session, deposit: Deposit, now: datetime) -> None:
+        """Give back what the deposit took from inventory (its payment did not happen)."""
+        if deposit.inventory_reserved is None:
+            return
+        inventory = session.get(
+            InventoryBalance,
+            (deposit.dest_chain_id, deposit.dest_token_address),
+            with_for_update=True,
+        )
+        if inventory is not None:
+            inventory.balance = str(_dec(inventory.balance) + _dec(deposit.inventory_reserved))
+            inventory.updated_at = now
+            if _dec(inventory.balance) >= _dec(inventory.low_threshold):
+                inventory.low_alerted = False
+        deposit.inventory_reserved = None
+
+    def _take(
+        self, session: Session, inventory: InventoryBalance, amount: Decimal, now: datetime
+    ) -> None:
+        inventory.balance = str(_dec(inventory.balance) - amount)
+        inventory.updated_at = now
+        if _dec(inventory.balance) < _dec(inventory.low_threshold) and not inventory.low_alerted:
+            inventory.low_alerted = True
+            session.flush()
+            self._emit_low_balance(session, inventory, now)
+
+    def _emit_low_balance(
+        self, session: Session, inventory: InventoryBalance, now: datetime
+    ) -> None:
+        """`inventory.low_balance` to each tenant whose accounts settle in this token."""
+        data = {"inventory": inventory_document(inventory)}
+        tenants = session.scalars(
+            sa.select(DepositAccount.tenant_id)
+            .where(
+                DepositAccount.dest_chain_id == inventory.chain_id,
+                DepositAccount.dest_token_address == inventory.token_address,
+            )
+            .distinct()
+        )
+        for tenant_id in tenants:
+            outbox.emit(session, events.INVENTORY_LOW_BALANCE, tenant_id, data, created_at=now)
+        log.warning(
+            "inventory of %s on chain %s is low: %s (threshold %s)",
+            inventory.asset,
+            inventory.chain_id,
+            inventory.balance,
+            inventory.low_threshold,
+        )
+
+    # -- provider health ---------------------------------------------------------------
+
+    def provider_failed(self, session: Session, name: str, reason: str, now: datetime) -> None:
+        """Count a failure (a route or a health check); degrade past the limit."""
+        row = self._health_row(session, name, now)
+        row.consecutive_failures += 1
+        row.checked_at = now
+        if row.status == HEALTHY and row.consecutive_failures >= self.provider_max_failures:
+            row.status = DEGRADED
+            row.reason = reason[:500]
+            row.changed_at = now
+            session.flush()
+            self._emit_degraded(session, row, now)
+
+    def provider_succeeded(self, session: Session, name: str, now: datetime) -> None:
+        row = self._health_row(session, name, now)
+        row.consecutive_failures = 0
+        row.checked_at = now
+        if row.status == DEGRADED:
+            log.info("route provider %s is healthy again", name)
+            row.status = HEALTHY
+            row.reason = None
+            row.changed_at = now
+
+    def check_health(self, db: Database, now: datetime) -> int:
+        """Ask every provider for its health; returns how many are degraded."""
+        results = {}
+        for provider in self.providers:
+            try:
+                results[provider.name] = provider.health()
+            except Exception as exc:  # an unreachable provider is an unhealthy one
+                results[provider.name] = f"{type(exc).__name__}: {exc}"
+        degraded = 0
+        with db.transaction() as session:
+            for name, problem in results.items():
+                if problem is None:
+                    self.provider_succeeded(session, name, now)
+                else:
+                    self.provider_failed(session, name, f"health check failed: {problem}", now)
+                row = session.get(RouteProviderHealth, name)
+                degraded += bool(row is not None and row.status == DEGRADED)
+        return degraded
+
+    def _health_row(self, session: Session, name: str, now: datetime) -> RouteProviderHealth:
+        stmt = (
+            sa.select(RouteProviderHealth).where(RouteProviderHealth.name == name).with_for_update()
+        )
+        row = session.scalars(stmt).first()
+        if row is None:
+            try:
+                with session.begin_nested():
+                    session.add(
+                        RouteProviderHealth(
+                            name=name, status=HEALTHY, consecutive_failures=0, changed_at=now
+                        )
+                    )
+            except sa.exc.IntegrityError:
+                pass  # another process created it first
+            row = session.scalars(stmt).one()
+        return row
+
+    def _emit_degraded(self, session: Session, row: RouteProviderHealth, now: datetime) -> None:
+        """`route.provider_degraded` to every tenant with deposit accounts (a platform notice)."""
+        data = {"provider": provider_document(row)}
+        tenants = session.scalars(sa.select(DepositAccount.tenant_id).distinct())
+        for tenant_id in tenants:
+            outbox.emit(session, events.ROUTE_PROVIDER_DEGRADED, tenant_id, data, created_at=now)
+        log.warning("route provider %s degraded: %s", row.name, row.reason)
+
+    # -- inventory setup ---------------------------------------------------------------
+
+    def seed_inventory(self, db: Database, seeds: Sequence[InventorySeed], now: datetime) -> None:
+        """Create inventory rows from settings; balances already tracked are kept."""
+        with db.transaction() as session:
+            for seed in seeds:
+                chain = self.registry.get(seed.chain_id)
+                asset = chain.asset_by_symbol(seed.asset) if chain else None
+                if chain is None or asset is None:
+                    log.error(
+                        "SETTLE_INVENTORY: %s on chain %s is not known", seed.asset, seed.chain_id
+                    )
+                    continue
+                if session.get(InventoryBalance, (seed.chain_id, asset.token_address)) is None:
+                    with session.begin_nested():
+                        session.add(
+                            InventoryBalance(
+                                chain_id=seed.chain_id,
+                                token_address=asset.token_address,
+                                asset=asset.symbol,
+                                balance=str(seed.balance),
+                                low_threshold=str(seed.low_threshold),
+                                low_alerted=False,
+                                updated_at=now,
+                            )
+                        )
+
+
+def set_inventory(
+    session: Session,
+    chain_id: int,
+    token_address: str,
+    asset: str,
+    balance: Decimal,
+    low_threshold: Decimal,
+    now: datetime,
+) -> InventoryBalance:
+    """Create or overwrite a tracked balance (ops top-ups, tests)."""
+    row = session.get(InventoryBalance, (chain_id, token_address), with_for_update=True)
+    if row is None:
+        row = InventoryBalance(chain_id=chain_id, token_address=token_address)
+        session.add(row)
+    row.asset = asset
+    row.balance = str(balance)
+    row.low_threshold = str(low_threshold)
+    row.low_alerted = balance < low_threshold and bool(row.low_alerted)
+    row.updated_at = now
+    session.flush()
+    return row
+
+
+def inventory_document(row: InventoryBalance) -> dict[str, object]:
+    return {
+        "chainId": row.chain_id,
+        "asset": row.asset,
+        "tokenAddress": row.token_address,
+        "balance": row.balance,
+        "lowThreshold": row.low_threshold,
+        "updatedAt": iso_ms(row.updated_at),
+    }
+
+
+def provider_document(row: RouteProviderHealth) -> dict[str, object]:
+    return {
+        "name": row.name,
+        "status": row.status,
+        "reason": row.reason,
+        "consecutiveFailures": row.consecutive_failures,
+        "since": iso_ms(row.changed_at),
+    }

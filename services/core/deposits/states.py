@@ -1,0 +1,107 @@
+"""The deposit state machine: which status may follow which (pure, no I/O).
+
+    source_seen -> source_confirmed -> credit_submitted (best effort) -> credited
+    failed and manual_review_required from any non-final state;
+    manual_review_required ends in credited or failed (through ops).
+
+`credit_submitted` may be skipped (inventory and direct routes credit at once), so
+`source_confirmed -> credited` is legal. `source_seen -> credited` is not: nothing is
+credited before its source transfer is confirmed.
+"""
+
+from __future__ import annotations
+
+from shared import events
+
+SOURCE_SEEN = "source_seen"
+SOURCE_CONFIRMED = "source_confirmed"
+CREDIT_SUBMITTED = "credit_submitted"
+CREDITED = "credited"
+FAILED = "failed"
+MANUAL_REVIEW_REQUIRED = "manual_review_required"
+
+#: Every status, in lifecycle order.
+STATUSES: tuple[str, ...] = (
+    SOURCE_SEEN,
+    SOURCE_CONFIRMED,
+    CREDIT_SUBMITTED,
+    CREDITED,
+    FAILED,
+    MANUAL_REVIEW_REQUIRED,
+)
+FINAL: frozenset[str] = frozenset({CREDITED, FAILED})
+
+_NEXT: dict[str, frozenset[str]] = {
+    SOURCE_SEEN: frozenset({SOURCE_CONFIRMED, FAILED, MANUAL_REVIEW_REQUIRED}),
+    SOURCE_CONFIRMED: frozenset({CREDIT_SUBMITTED, CREDITED, FAILED, MANUAL_REVIEW_REQUIRED}),
+    CREDIT_SUBMITTED: frozenset({CREDITED, FAILED, MANUAL_REVIEW_REQUIRED}),
+    MANUAL_REVIEW_REQUIRED: frozenset({CREDITED, FAILED}),
+    CREDITED: frozenset(),
+    FAILED: frozenset(),
+}
+
+#: The event each status change emits.
+EVENT_TYPES: dict[str, str] = {
+    SOURCE_SEEN: events.DEPOSIT_SOURCE_SEEN,
+    SOURCE_CONFIRMED: events.DEPOSIT_SOURCE_CONFIRMED,
+    CREDIT_SUBMITTED: events.DEPOSIT_CREDIT_SUBMITTED,
+    CREDITED: events.DEPOSIT_CREDITED,
+    FAILED: events.DEPOSIT_FAILED,
+    MANUAL_REVIEW_REQUIRED: events.DEPOSIT_MANUAL_REVIEW_REQUIRED,
+}
+
+#: Failure reasons the pipeline itself writes (ops may write any text).
+REASON_REORGED = "reorged"
+REASON_BELOW_MINIMUM = "below_minimum"
+REASON_BELOW_FEE = "below_fee"
+REASON_SANDBOX = "sandbox_outcome"
+
+#: Why a deposit needs a person (`reviewReason`).
+REVIEW_UNSUPPORTED_TOKEN = "unsupported_token"
+REVIEW_NO_PRICE = "no_price"
+REVIEW_UNSUPPORTED_DESTINATION = "unsupported_destination"
+REVIEW_NO_ROUTE = "no_route"
+REVIEW_ROUTE_FAILED = "route_failed"
+REVIEW_SETTLEMENT_INTERRUPTED = "settlement_interrupted"
+REVIEW_SANDBOX = "sandbox_outcome"
+
+
+class DepositStateError(Exception):
+    """A domain rule about deposit statuses was broken."""
+
+
+class IllegalTransition(DepositStateError):
+    """The deposit's status may not move to the one asked for."""
+
+    def __init__(self, current: str, target: str) -> None:
+        super().__init__(f"a deposit in {current} cannot become {target}")
+        self.current = current
+        self.target = target
+
+
+def is_final(status: str) -> bool:
+    return status in FINAL
+
+
+def can_transition(current: str, target: str) -> bool:
+    if current not in _NEXT or target not in _NEXT:
+        return False
+    return target in _NEXT[current]
+
+
+def transition(current: str, target: str) -> str:
+    """`target` when the move is legal; raises IllegalTransition otherwise."""
+    if not can_transition(current, target):
+        raise IllegalTransition(current, target)
+    return target
+
+
+def is_durable(status: str) -> bool:
+    return status in events.DURABLE_DEPOSIT_STATUSES
+
+
+def event_id(deposit_id: str, status: str) -> str:
+    """The durable id `evt_dep_<id>_<status>`, or a fresh id for best-effort statuses."""
+    if is_durable(status):
+        return events.durable_event_id(deposit_id, status)
+    return events.new_event_id()

@@ -1,0 +1,175 @@
+"""The deposit pipeline's loops, as `settle core worker` runs them.
+
+One thread per watched chain (a chain with a node: `SETTLE_RPC_URL_<chainId>`), and
+one settlement loop: sandbox confirmations, settling confirmed deposits, polling
+in-flight credits, recovering interrupted ones, provider health checks.
+
+Safe to run in several processes at once: watchers advance their cursor with a
+compare-and-set under a row lock, and every deposit step locks its row
+(`FOR UPDATE SKIP LOCKED`: a deposit another worker holds is skipped this round).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.core.context import CoreContext
+from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
+from services.core.deposits.service import DepositService
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import (
+    EvmPayer,
+    Payer,
+    RouteProvider,
+    Settlement,
+    SimulatedBridge,
+    SimulatedPayer,
+)
+from services.core.deposits.watcher import ChainWatcher
+from services.core.evm import Erc20TransferExecutor, Web3ChainReader
+
+log = logging.getLogger(__name__)
+
+#: Longest pause after a failed round (a node or database outage), seconds.
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class Pipeline:
+    """Everything the worker drives, built once per process."""
+
+    service: DepositService
+    sandbox: SandboxConfirmer
+    watchers: list[ChainWatcher] = field(default_factory=list)
+    settings: PipelineSettings = field(default_factory=PipelineSettings)
+    _health_due: float = 0.0
+
+    def settle_round(self) -> int:
+        """One settlement round; how many steps did something (0: idle)."""
+        service, batch = self.service, self.settings.batch_size
+        work = self.sandbox.tick()
+        for deposit_id in service.interrupted(batch):
+            work += service.recover(deposit_id) is not None
+        for deposit_id in service.due_for_settlement(batch):
+            work += service.settle(deposit_id) is not None
+        for deposit_id in service.due_for_poll(batch):
+            status = service.poll(deposit_id)
+            work += status is not None and status != "credit_submitted"
+        if time.monotonic() >= self._health_due and service.settlement.providers:
+            service.settlement.check_health(service.db, service.clock())
+            self._health_due = time.monotonic() + self.settings.health_check_s
+        return work
+
+
+def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -> Pipeline:
+    """Readers, payers and providers from the configuration."""
+    settings = settings or PipelineSettings.from_env()
+    registry = ctx.registry
+    payers: dict[int, Payer] = {}
+    providers: list[RouteProvider] = []
+    for chain in registry.active():
+        url = ctx.config.rpc_urls.get(chain.chain_id)
+        if url and settings.hot_wallet_key:
+            executor = Erc20TransferExecutor.from_url(
+                url, settings.hot_wallet_key, settings.rpc_timeout_s, chain_id=chain.chain_id
+            )
+            payers[chain.chain_id] = EvmPayer(executor, name=f"hot-wallet-{chain.chain_id}")
+        elif settings.simulated_settlement:
+            payers[chain.chain_id] = SimulatedPayer()
+    if settings.simulated_settlement:
+        providers.append(SimulatedBridge(delay_s=settings.simulated_bridge_s))
+    settlement = Settlement(
+        registry,
+        payers=payers,
+        providers=providers,
+        provider_max_failures=settings.provider_max_failures,
+    )
+    service = DepositService(ctx.db, registry, settings=settings, settlement=settlement)
+    settlement.seed_inventory(ctx.db, settings.inventory, service.clock())
+    watchers = []
+    for chain in registry.active():
+        url = ctx.config.rpc_urls.get(chain.chain_id)
+        if not url:
+            continue
+        reader = Web3ChainReader.from_url(
+            url,
+            settings.rpc_timeout_s,
+            chain.chain_id,
+            max_block_span=settings.watcher_max_range,
+            max_addresses_per_call=settings.watcher_address_batch,
+        )
+        watchers.append(
+            ChainWatcher(
+                service,
+                chain,
+                reader,
+                lag_blocks=settings.watcher_lag_blocks,
+                max_range=settings.watcher_max_range,
+            )
+        )
+    sandbox = SandboxConfirmer(
+        service, SandboxChain(settings.sandbox_block_s), batch_size=settings.batch_size
+    )
+    return Pipeline(service=service, sandbox=sandbox, watchers=watchers, settings=settings)
+
+
+def loop(name: str, step: Callable[[], bool], idle_s: float, stop: threading.Event) -> None:
+    """Run `step` until `stop`; wait `idle_s` when it had nothing to do, back off on errors."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            busy = step()
+            failures = 0
+        except Exception:
+            failures += 1
+            log.exception("%s: round failed (%s in a row)", name, failures)
+            stop.wait(min(MAX_BACKOFF_S, idle_s * 2**failures))
+            continue
+        if not busy:
+            stop.wait(idle_s)
+
+
+def run_pipeline(ctx: CoreContext, stop: threading.Event) -> None:
+    """Run the watchers and the settlement loop until `stop` is set."""
+    pipeline = build_pipeline(ctx)
+    run(pipeline, stop)
+
+
+def run(pipeline: Pipeline, stop: threading.Event) -> None:
+    """Run a built pipeline's loops in threads until `stop`."""
+    settings = pipeline.settings
+    threads = [
+        threading.Thread(
+            target=loop,
+            args=(
+                f"watcher-{w.chain_id}",
+                lambda w=w: not w.tick().caught_up,
+                settings.watcher_poll_s,
+                stop,
+            ),
+            name=f"watcher-{w.chain_id}",
+            daemon=True,
+        )
+        for w in pipeline.watchers
+    ]
+    idle_s = settings.poll_s
+    if settings.sandbox_block_s > 0:
+        idle_s = min(idle_s, settings.sandbox_block_s)
+    threads.append(
+        threading.Thread(
+            target=loop,
+            args=("settlement", lambda: pipeline.settle_round() > 0, idle_s, stop),
+            name="deposit-settlement",
+            daemon=True,
+        )
+    )
+    for thread in threads:
+        thread.start()
+    log.info("deposit pipeline: %s", ", ".join(t.name for t in threads))
+    stop.wait()
+    for thread in threads:
+        thread.join(timeout=10)

@@ -1,0 +1,281 @@
+"""The chain watcher on InMemoryChain, over a migrated SQLite file (the embedded mode's DB).
+
+Depth 3 on the test chain: a transfer is seen in its block (1 confirmation) and
+confirmed when two more blocks are on top of it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.core.deposits import states
+from services.core.deposits.service import DepositService
+from services.core.deposits.settlement import Settlement, SimulatedPayer
+from services.core.deposits.watcher import ChainWatcher
+from services.core.evm import InMemoryChain
+from shared import components, migrate
+from shared.db import Database
+from tests.support.deposits import (
+    ODD_TOKEN,
+    SENDER,
+    TEST_CHAIN_ID,
+    TEST_USDC,
+    AccountRef,
+    deposit_event_types,
+    deposits_of,
+    make_account,
+    set_fee,
+    small_registry,
+)
+
+TENANT = "00000000-0000-4000-8000-000000000001"
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("watcher") / "template.db"
+    for component in (components.IDENTITY, components.CORE):
+        migrate.upgrade(component, f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def db(template_db: Path, tmp_path: Path) -> Iterator[Database]:
+    path = tmp_path / "settle.db"
+    shutil.copy(template_db, path)
+    database = Database(f"sqlite:///{path}")
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def chain() -> InMemoryChain:
+    chain = InMemoryChain(TEST_CHAIN_ID)
+    chain.mine(5)
+    return chain
+
+
+@pytest.fixture
+def service(db: Database) -> DepositService:
+    registry = small_registry(depth=3, min_deposit_usd=1.0)
+    settlement = Settlement(registry, payers={TEST_CHAIN_ID: SimulatedPayer()})
+    return DepositService(db, registry, settlement=settlement)
+
+
+@pytest.fixture
+def account(db: Database, service: DepositService) -> AccountRef:
+    return make_account(db, TENANT, service.registry)
+
+
+def watcher(service: DepositService, chain: InMemoryChain, lag: int = 0) -> ChainWatcher:
+    registry_chain = service.registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    return ChainWatcher(service, registry_chain, chain, lag_blocks=lag, max_range=50, start_block=1)
+
+
+def test_transfer_is_seen_then_confirmed_exactly_at_depth_then_credited(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    # Given a watcher caught up with the chain
+    w = watcher(service, chain)
+    w.tick()
+    # When 125.50 USDC arrives at the account's deposit address
+    chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
+    chain.mine()
+    w.tick()
+    # Then it is seen with one confirmation
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.SOURCE_SEEN
+    assert deposit.confirmations == 1 and deposit.required_confirmations == 3
+    assert deposit.block_hash == chain.block(deposit.block_number or 0).hash  # type: ignore[union-attr]
+    # And with two confirmations it is still only seen
+    chain.mine()
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert (deposit.status, deposit.confirmations) == (states.SOURCE_SEEN, 2)
+    # When the third block lands, it is confirmed at exactly the depth
+    chain.mine()
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
+    # And settling skims the chain's live fee
+    set_fee(db, TEST_CHAIN_ID, "0.25")
+    assert service.settle(deposit.id) == states.CREDITED
+    (deposit,) = deposits_of(db, account)
+    assert str(deposit.amount_usd) == "125.500000"
+    assert str(deposit.fee_usd) == "0.250000" and str(deposit.net_usd) == "125.250000"
+    assert deposit.credit_tx_hash and deposit.route == "direct"
+    assert deposit_event_types(db, deposit.id) == [
+        "deposit.source_seen",
+        "deposit.source_confirmed",
+        "deposit.credited",
+    ]
+
+
+def test_reorg_before_confirmation_fails_the_deposit_and_never_credits_it(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain)
+    w.tick()
+    # Given a seen deposit
+    chain.transfer(TEST_USDC, SENDER, account.address(), 50_000_000)
+    chain.mine()
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.SOURCE_SEEN
+    # When its block is replaced by one without it
+    chain.reorg(1)
+    chain.mine(3)
+    result = w.tick()
+    # Then the watcher rescanned from the fork and the deposit failed as reorged
+    assert result.reorg_from == deposit.block_number
+    (deposit,) = deposits_of(db, account)
+    assert (deposit.status, deposit.failure_reason) == (states.FAILED, "reorged")
+    # And nothing ever credits it
+    for _ in range(3):
+        chain.mine()
+        w.tick()
+        service.settle(deposit.id)
+    assert deposit_event_types(db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
+
+
+def test_transfer_reincluded_by_a_reorg_moves_to_its_new_block(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain)
+    w.tick()
+    chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
+    (old_block,) = chain.mine()
+    w.tick()
+    # When a reorg drops the block but the transfer is mined again one block higher
+    chain.reorg(1, reinclude=True)
+    (new_block,) = chain.mine()
+    w.tick()
+    # Then the same deposit follows the transfer to its new block
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.SOURCE_SEEN
+    assert (deposit.block_number, deposit.block_hash) == (new_block.number, new_block.hash)
+    assert deposit.block_hash != old_block.hash
+    # And confirms at depth counted from the new block
+    chain.mine(2)
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
+    assert deposit_event_types(db, deposit.id) == [
+        "deposit.source_seen",
+        "deposit.source_confirmed",
+    ]
+
+
+def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_deposit(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain)
+    w.tick()
+    tx = chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
+    chain.mine()
+    w.tick()
+    # Given its block vanished and the watcher failed the deposit
+    chain.reorg(1, reinclude=True)
+    w.tick()
+    (first,) = deposits_of(db, account)
+    assert first.failure_reason == "reorged"
+    # When the transfer is mined later after all
+    chain.mine()
+    w.tick()
+    # Then it is a new deposit (the failed one stays failed)
+    first_again, second = deposits_of(db, account)
+    assert first_again.failure_reason == "reorged"
+    assert second.source_tx_hash == tx and second.status == states.SOURCE_SEEN
+
+
+def test_unsupported_token_goes_to_manual_review_never_ignored(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain)
+    w.tick()
+    # When a token the chain does not support arrives at a deposit address
+    chain.transfer(ODD_TOKEN, SENDER, account.address(), 7 * 10**18)
+    chain.mine(3)
+    w.tick()
+    # Then it is recorded and, once confirmed, handed to a person
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.MANUAL_REVIEW_REQUIRED
+    assert deposit.review_reason == "unsupported_token"
+    assert deposit.asset is None and deposit.amount_raw == str(7 * 10**18)
+    assert deposit_event_types(db, deposit.id) == [
+        "deposit.source_seen",
+        "deposit.manual_review_required",
+    ]
+    assert service.settle(deposit.id) is None
+
+
+def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    # Given a watcher that saw two transfers, then stopped between blocks
+    first = watcher(service, chain)
+    for amount in (1, 2):
+        chain.transfer(TEST_USDC, SENDER, account.address(), amount * 10**6)
+        chain.mine()
+        first.tick()
+    stopped_at = first.next_block()
+    # While it is down, three more transfers land (two in one block)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 3 * 10**6)
+    chain.mine()
+    chain.transfer(TEST_USDC, SENDER, account.address(), 4 * 10**6)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 5 * 10**6)
+    chain.mine()
+    # When a new watcher process starts (no start block: it must use the cursor)
+    registry_chain = service.registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    restarted = ChainWatcher(service, registry_chain, chain, lag_blocks=0)
+    assert restarted.next_block() == stopped_at
+    restarted.tick()
+    restarted.tick()
+    first.tick()  # and the old one running again alongside changes nothing
+    # Then every transfer is one deposit, each seen once
+    deposits = deposits_of(db, account)
+    assert sorted(int(d.amount_raw) for d in deposits) == [n * 10**6 for n in (1, 2, 3, 4, 5)]
+    for deposit in deposits:
+        assert deposit_event_types(db, deposit.id)[:1] == ["deposit.source_seen"]
+        assert deposit_event_types(db, deposit.id).count("deposit.source_seen") == 1
+
+
+def test_watcher_stays_behind_the_head_and_survives_a_node_outage(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain, lag=1)
+    w.tick()
+    chain.transfer(TEST_USDC, SENDER, account.address(), 10**6)
+    chain.mine()
+    # When the node fails, the round fails and nothing is lost
+    chain.fail_next(ConnectionError("node down"))
+    with pytest.raises(ConnectionError):
+        w.tick()
+    # The transfer is in the head block: one block of safe distance hides it
+    w.tick()
+    assert deposits_of(db, account) == []
+    chain.mine()
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert deposit.confirmations == 2
+
+
+def test_dust_below_the_floor_fails_below_minimum(
+    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+) -> None:
+    w = watcher(service, chain)
+    w.tick()
+    chain.transfer(TEST_USDC, SENDER, account.address(), 990_000)  # 0.99 < 1.00 floor
+    chain.mine(3)
+    w.tick()
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert service.settle(deposit.id) == states.FAILED
+    (deposit,) = deposits_of(db, account)
+    assert deposit.failure_reason == "below_minimum" and deposit.credit_tx_hash is None
