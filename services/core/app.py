@@ -6,6 +6,7 @@ from flask import Flask
 
 from services.core.config import CoreConfig
 from services.core.context import EXTENSION, CoreContext
+from shared import ratelimit
 from shared.api import make_api
 from shared.idempotency import APP_DB
 from shared.identity.auth import IDENTITY_DB
@@ -36,4 +37,5 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
 
     for module in (chains, status, policy, accounts, fee_preview, sessions, deposits, sandbox):
         api.register_blueprint(module.blp)
+    ratelimit.install(app, context.config.rate_limits)
     return app

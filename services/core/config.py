@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     SettingsError,
     data_dir,
@@ -37,6 +38,8 @@ class CoreConfig:
     #: How long GET /v1/chains may serve fees read from the database.
     chains_cache_s: float = 1.0
     db_pool_size: int = 10
+    #: Per-key and per-IP request limits (from_env: on; built in code: off).
+    rate_limits: RateLimitConfig = RATE_LIMITS_OFF
 
     @property
     def is_dev(self) -> bool:
@@ -71,4 +74,5 @@ class CoreConfig:
             rpc_urls=rpc_urls,
             fee_refresh_s=env_float(env, "SETTLE_FEE_REFRESH_S", 30.0),
             chains_cache_s=env_float(env, "SETTLE_CHAINS_CACHE_S", 1.0),
+            rate_limits=RateLimitConfig.from_env(env),
         )

@@ -6,6 +6,7 @@ from flask import Flask
 
 from services.notifier.config import NotifierConfig
 from services.notifier.context import EXTENSION, NotifierContext
+from shared import ratelimit
 from shared.api import make_api
 from shared.idempotency import APP_DB
 from shared.identity.auth import IDENTITY_DB
@@ -32,4 +33,5 @@ def create_app(
     )
     for module in (endpoints, deliveries, status):
         api.register_blueprint(module.blp)
+    ratelimit.install(app, context.config.rate_limits)
     return app

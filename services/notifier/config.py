@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     SettingsError,
     data_dir,
@@ -21,7 +22,7 @@ from shared.settings import (
 #: Retry schedule of DESIGN.md: nine retries over about two days.
 DEFAULT_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,5h,10h,10h,24h"
 #: Dev-only secret key, refused in production.
-DEV_SECRET_KEY = "settle-dev-secret-key-not-for-production"  # noqa: S105
+DEV_SECRET_KEY = "settle-dev-secret-key-not-for-production"
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,11 @@ class NotifierConfig:
     #: Consumer prefetch (unacked messages in flight).
     prefetch: int = 64
     worker_threads: int = 16
+    #: Live (not deleted) webhook endpoints a tenant may have.
+    max_endpoints_per_tenant: int = 20
     db_pool_size: int = 10
+    #: Per-key and per-IP request limits (from_env: on; built in code: off).
+    rate_limits: RateLimitConfig = RATE_LIMITS_OFF
 
     @property
     def is_dev(self) -> bool:
@@ -87,4 +92,6 @@ class NotifierConfig:
             disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
             per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
             worker_threads=env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16),
+            max_endpoints_per_tenant=env_int(env, "SETTLE_WEBHOOK_MAX_ENDPOINTS", 20),
+            rate_limits=RateLimitConfig.from_env(env),
         )

@@ -57,7 +57,11 @@ class NotifierContext:
                 else Database(config.identity_database_url, pool_size=config.db_pool_size)
             )
         return cls(
-            config=config, db=db, identity_db=identity_db, secret_box=SecretBox(config.secret_key)
+            config=config,
+            db=db,
+            identity_db=identity_db,
+            secret_box=SecretBox(config.secret_key),
+            max_endpoints_per_tenant=config.max_endpoints_per_tenant,
         )
 
     def hand_off(self, delivery_ids: Sequence[str]) -> None:
