@@ -17,22 +17,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     dev.register(sub)
     core_commands.register(sub)
-    for module in _optional_command_modules():
-        module.register(sub)
+    for module in _command_modules():
+        module.register(sub)  # type: ignore[attr-defined]
     return parser
 
 
-def _optional_command_modules() -> list[object]:
-    import importlib
+def _command_modules() -> list[object]:
+    """Modules with a `register(subparsers)`: each part owns its commands."""
+    from services import reconcile
+    from services.core.deposits import commands as deposit_commands
+    from services.notifier import commands as notifier_commands
+    from services.notifier import ops
 
-    modules = []
-    for name in (
-        "services.core.deposits.commands",
-        "services.notifier.commands",
-        "services.notifier.ops",
-    ):
-        modules.append(importlib.import_module(name))
-    return modules
+    return [deposit_commands, notifier_commands, ops, reconcile]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # Alembic narrates every plugin it loads; keep its warnings only.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     code: int = args.func(args)
     return code
 

@@ -1,0 +1,373 @@
+"""The outbox relay: publishes committed outbox rows to the event bus, then marks them.
+
+A row is marked `published_at` only after the bus confirmed it, in the same
+transaction that locked it (`FOR UPDATE SKIP LOCKED` on PostgreSQL, so several
+relays share the work without publishing a row twice at once). A crash between
+the confirm and the commit publishes the row again: at least once, never lost.
+
+The relay wakes the moment an outbox transaction commits: on PostgreSQL through
+`LISTEN settle_outbox` (outbox.emit sends `NOTIFY` in the writer's transaction),
+in the embedded mode through a `threading.Event` set by an `after_commit` hook.
+Polling every `poll_s` is only the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session
+
+from services.core.config import CoreConfig
+from services.core.models import OutboxEvent
+from services.core.outbox import NOTIFY_CHANNEL, WROTE_OUTBOX
+from shared.bus import BusNames, EventPublisher, OutgoingEvent, PublishError, RabbitPublisher
+from shared.db import Database
+from shared.timefmt import utcnow
+
+log = logging.getLogger(__name__)
+
+#: Rows published per transaction.
+BATCH_SIZE = 500
+#: Reconnect backoff while rows wait and the bus is down: first and longest wait.
+BACKOFF_FIRST_S = 0.2
+BACKOFF_MAX_S = 30.0
+#: How often the relay re-reads the outbox lag for its gauge while busy.
+LAG_REFRESH_S = 5.0
+
+PublisherFactory = Callable[[], EventPublisher]
+
+
+class RelayMetrics:
+    """Counters of the relay process (exposed by the core worker's metrics port)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.published = Counter(
+            "settle_outbox_published",
+            "Outbox events published to the bus and confirmed",
+            registry=registry,
+        )
+        self.publish_failures = Counter(
+            "settle_outbox_publish_failures",
+            "Failed publish rounds (the bus was down or refused); rows stayed in the outbox",
+            registry=registry,
+        )
+
+
+class OutboxCollector(Collector):
+    """Outbox lag read from the database at scrape time, right in any process."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        count, lag = outbox_lag(self._db)
+        pending = GaugeMetricFamily(
+            "settle_outbox_unpublished", "Outbox events not yet confirmed by the bus"
+        )
+        pending.add_metric([], count)
+        lag_gauge = GaugeMetricFamily(
+            "settle_outbox_lag_seconds", "Age of the oldest unpublished outbox event (0: none)"
+        )
+        lag_gauge.add_metric([], lag)
+        yield pending
+        yield lag_gauge
+
+
+def outbox_lag(db: Database, now: datetime | None = None) -> tuple[int, float]:
+    """(unpublished rows, age in seconds of the oldest one)."""
+    with db.reader() as session:
+        count, oldest = session.execute(
+            sa.select(sa.func.count(), sa.func.min(OutboxEvent.created_at)).where(
+                OutboxEvent.published_at.is_(None)
+            )
+        ).one()
+    if not count or oldest is None:
+        return 0, 0.0
+    if oldest.tzinfo is None:  # SQLite aggregate bypasses the column type
+        oldest = oldest.replace(tzinfo=UTC)
+    return int(count), max(0.0, ((now or utcnow()) - oldest).total_seconds())
+
+
+def api_metrics_registry(db: Database) -> CollectorRegistry:
+    """The registry core's API serves on /metrics: database-derived gauges only."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(OutboxCollector(db))
+    return registry
+
+
+def relay_once(
+    db: Database,
+    publisher: EventPublisher,
+    *,
+    batch_size: int = BATCH_SIZE,
+    metrics: RelayMetrics | None = None,
+) -> int:
+    """Publish one batch of unpublished rows in id order; return how many were marked.
+
+    On a publish failure the rows confirmed so far are still marked, then the
+    PublishError propagates; the others stay for the next round.
+    """
+    if db.is_sqlite:
+        return _relay_once_unlocked(db, publisher, batch_size, metrics)
+    with db.transaction() as session:
+        rows = session.execute(_unpublished(batch_size).with_for_update(skip_locked=True)).all()
+        confirmed, failure = _publish(publisher, rows)
+        _mark(session, confirmed)
+    return _done(confirmed, failure, metrics)
+
+
+def _relay_once_unlocked(
+    db: Database, publisher: EventPublisher, batch_size: int, metrics: RelayMetrics | None
+) -> int:
+    """SQLite (the embedded mode, one relay): read, publish, then mark, each apart.
+
+    SQLite has one writer at a time, and the in-process bus writes the notifier's
+    rows to the same file: holding the outbox transaction across the publish would
+    deadlock. With a single relay nothing else can take the rows in between.
+    """
+    with db.reader() as session:
+        rows = session.execute(_unpublished(batch_size)).all()
+    confirmed, failure = _publish(publisher, rows)
+    if confirmed:
+        with db.transaction() as session:
+            _mark(session, confirmed)
+    return _done(confirmed, failure, metrics)
+
+
+def _unpublished(batch_size: int) -> sa.Select[Any]:
+    return (
+        sa.select(OutboxEvent.id, OutboxEvent.event_id, OutboxEvent.event_type, OutboxEvent.body)
+        .where(OutboxEvent.published_at.is_(None))
+        .order_by(OutboxEvent.id)
+        .limit(batch_size)
+    )
+
+
+def _publish(
+    publisher: EventPublisher, rows: Sequence[sa.Row[Any]]
+) -> tuple[list[int], PublishError | None]:
+    """Row ids the bus confirmed (a prefix of `rows`), and the failure if not all were."""
+    try:
+        publisher.publish_batch(
+            [OutgoingEvent(r.event_id, r.event_type, r.body.encode("utf-8")) for r in rows]
+        )
+    except PublishError as err:
+        return [r.id for r in rows[: err.confirmed]], err
+    return [r.id for r in rows], None
+
+
+def _mark(session: Session, ids: list[int]) -> None:
+    if ids:
+        session.execute(
+            sa.update(OutboxEvent)
+            .where(OutboxEvent.id.in_(ids))
+            .values(published_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+
+
+def _done(confirmed: list[int], failure: PublishError | None, metrics: RelayMetrics | None) -> int:
+    if metrics is not None and confirmed:
+        metrics.published.inc(len(confirmed))
+    if failure is not None:
+        raise failure
+    return len(confirmed)
+
+
+def install_commit_wakeup(db: Database, wake: threading.Event) -> None:
+    """Set `wake` after every commit of `db`'s sessions that wrote outbox rows.
+
+    For the embedded mode (SQLite has no LISTEN/NOTIFY); harmless on PostgreSQL.
+    """
+
+    def after_commit(session: Session) -> None:
+        if session.info.pop(WROTE_OUTBOX, False):
+            wake.set()
+
+    def after_rollback(session: Session) -> None:
+        session.info.pop(WROTE_OUTBOX, None)
+
+    sa.event.listen(db.sessions, "after_commit", after_commit)
+    sa.event.listen(db.sessions, "after_rollback", after_rollback)
+
+
+def _libpq_url(db: Database) -> str:
+    """The SQLAlchemy URL as a plain libpq URL for a raw psycopg connection."""
+    url = db.engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class _Listener:
+    """A dedicated autocommit connection LISTENing on the outbox channel (PostgreSQL)."""
+
+    def __init__(self, db: Database) -> None:
+        self._url = _libpq_url(db)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a NOTIFY (True) or the timeout (False). Reconnects on error."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                # Rows may have been committed before LISTEN: look once before sleeping.
+                return True
+            woke = False
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                woke = True
+            if woke:
+                # Coalesce the burst: every commit since has been seen by this wake-up.
+                for _ in self._conn.notifies(timeout=0.0):
+                    pass
+            return woke
+        except psycopg.Error as err:
+            log.warning("outbox LISTEN connection failed (%s); polling until it is back", err)
+            self.close()
+            time.sleep(min(timeout, 1.0))
+            return False
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(psycopg.Error):
+                conn.close()
+
+
+class _Backoff:
+    """Capped exponential backoff with jitter."""
+
+    def __init__(self, first: float = BACKOFF_FIRST_S, cap: float = BACKOFF_MAX_S) -> None:
+        self.first, self.cap, self.current = first, cap, 0.0
+
+    def next(self) -> float:
+        self.current = self.first if self.current == 0 else min(self.cap, self.current * 2)
+        return self.current * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.current = 0.0
+
+
+@contextmanager
+def _closing(publisher: EventPublisher) -> Iterator[EventPublisher]:
+    try:
+        yield publisher
+    finally:
+        publisher.close()
+
+
+def run_relay(
+    db: Database,
+    publisher_factory: PublisherFactory,
+    stop: threading.Event,
+    *,
+    poll_s: float = 1.0,
+    wake: threading.Event | None = None,
+    batch_size: int = BATCH_SIZE,
+    metrics: RelayMetrics | None = None,
+) -> None:
+    """Relay until `stop` is set: drain, then sleep until a commit, a poll tick or `stop`.
+
+    `wake`: an in-process event (see `install_commit_wakeup`), used when the database
+    is not PostgreSQL, or in addition to LISTEN when it is.
+    """
+    listener = None if db.is_sqlite else _Listener(db)
+    backoff = _Backoff()
+    with _closing(publisher_factory()) as publisher:
+        log.info("outbox relay started (%s)", "LISTEN" if listener else "in-process wake-up")
+        try:
+            while not stop.is_set():
+                try:
+                    published = relay_once(db, publisher, batch_size=batch_size, metrics=metrics)
+                except PublishError as err:
+                    if metrics is not None:
+                        metrics.publish_failures.inc()
+                    delay = backoff.next()
+                    log.warning("outbox relay: %s; retrying in %.1fs", err, delay)
+                    stop.wait(delay)
+                    continue
+                except sa.exc.DBAPIError as err:
+                    delay = backoff.next()
+                    log.warning("outbox relay: database error %s; retrying in %.1fs", err, delay)
+                    stop.wait(delay)
+                    continue
+                backoff.reset()
+                if published >= batch_size:
+                    continue  # more may wait: drain before sleeping
+                _sleep(listener, wake, stop, poll_s)
+                try:
+                    publisher.keepalive()
+                except Exception:  # a broken connection is reopened by the next publish
+                    log.warning("outbox relay: keepalive failed; reconnecting", exc_info=True)
+                    publisher.close()
+        finally:
+            if listener is not None:
+                listener.close()
+            log.info("outbox relay stopped")
+
+
+def _sleep(
+    listener: _Listener | None, wake: threading.Event | None, stop: threading.Event, poll_s: float
+) -> None:
+    """Until the next commit (or poll tick), and never longer than a stop check allows."""
+    if listener is not None:
+        deadline = time.monotonic() + poll_s
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # Short slices so `stop` is seen promptly while no commit comes.
+            if listener.wait(min(remaining, 0.5)):
+                return
+            if wake is not None and wake.is_set():
+                wake.clear()
+                return
+        return
+    event = wake or stop
+    if event.wait(poll_s) and wake is not None:
+        wake.clear()
+
+
+def relay_publisher_factory(config: CoreConfig) -> PublisherFactory:
+    """Publishers to the RabbitMQ of `config.amqp_url` (CoreConfig), named by SETTLE_AMQP_PREFIX."""
+    amqp_url = config.amqp_url
+    if not amqp_url:
+        raise ValueError("the relay needs an AMQP URL (SETTLE_AMQP_URL)")
+    names = BusNames.from_env()
+
+    def factory() -> EventPublisher:
+        return RabbitPublisher(amqp_url, names)
+
+    return factory
+
+
+def start_relay_thread(
+    db: Database,
+    publisher_factory: PublisherFactory,
+    stop: threading.Event,
+    *,
+    poll_s: float = 1.0,
+    wake: threading.Event | None = None,
+    metrics: RelayMetrics | None = None,
+) -> threading.Thread:
+    """`run_relay` in a daemon thread (the embedded mode and tests)."""
+    thread = threading.Thread(
+        target=run_relay,
+        args=(db, publisher_factory, stop),
+        kwargs={"poll_s": poll_s, "wake": wake, "metrics": metrics},
+        name="outbox-relay",
+        daemon=True,
+    )
+    thread.start()
+    return thread

@@ -1,0 +1,167 @@
+"""`settle dev`: the whole of Settle in one process, for a first run and for demos.
+
+SQLite in SETTLE_DATA_DIR, the in-process event bus instead of RabbitMQ, Dramatiq's
+StubBroker with worker threads, the relay, fee oracle, deposit pipeline and sweeper
+as threads, and both APIs on one port, routed as the ingress routes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from services.core.config import CoreConfig
+from services.core.context import CoreContext
+from services.notifier.config import NotifierConfig
+from services.notifier.context import NotifierContext
+from shared import components, migrate
+from shared.db import Database
+from shared.identity import service as identity
+from shared.identity.models import Tenant
+from shared.routing import is_notifier_path
+from shared.settings import SettingsError, data_dir, env_bool
+
+log = logging.getLogger(__name__)
+
+#: A wallet and Base's USDC, for the printed examples.
+DEMO_WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
+BASE_USDC = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class PathDispatcher:
+    """One WSGI app in front of core and the notifier, split as the ingress splits."""
+
+    def __init__(self, core: WSGIApp, notifier: WSGIApp) -> None:
+        self._core = core
+        self._notifier = notifier
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        app = self._notifier if is_notifier_path(environ.get("PATH_INFO", "")) else self._core
+        return app(environ, start_response)
+
+
+@dataclass(frozen=True)
+class DemoTenant:
+    tenant_id: str
+    api_key: str
+    api_key_id: str
+
+
+def ensure_demo_tenant(db: Database, folder: Path) -> DemoTenant:
+    """The demo tenant of this data dir (made on first run) with a fresh API key."""
+    record = folder / "demo.json"
+    tenant_id = json.loads(record.read_text())["tenantId"] if record.exists() else None
+    with db.transaction() as session:
+        if tenant_id and session.get(Tenant, tenant_id) is not None:
+            issued = identity.create_api_key(session, tenant_id, identity.SCOPES)
+        else:
+            tenant, issued = identity.create_tenant(session, "Demo tenant", sandbox=True)
+            tenant_id = tenant.id
+            record.write_text(json.dumps({"tenantId": tenant_id}))
+        return DemoTenant(tenant_id, issued.api_key, issued.record.id)
+
+
+def embedded_configs(env: dict[str, str]) -> tuple[CoreConfig, NotifierConfig]:
+    """Dev settings: no broker URL, sandbox on, local receivers allowed unless turned off."""
+    env.setdefault("SETTLE_ENV", "dev")
+    if env["SETTLE_ENV"] != "dev":
+        raise SettingsError("settle dev is the embedded dev mode: SETTLE_ENV must be dev")
+    core = replace(CoreConfig.from_env(env), amqp_url=None)
+    notifier = replace(
+        NotifierConfig.from_env(env),
+        amqp_url=None,
+        allow_private=env_bool(env, "SETTLE_WEBHOOK_ALLOW_PRIVATE", True),
+    )
+    return core, notifier
+
+
+def banner(host: str, port: int, demo: DemoTenant, database_url: str) -> str:
+    base = f"http://{host}:{port}"
+    return f"""
+Settle is running (embedded) on {base}
+  database   {database_url}
+  tenant     {demo.tenant_id} (sandbox)
+  API key    {demo.api_key}
+  key id     {demo.api_key_id}
+
+Try:
+  export KEY={demo.api_key}
+  curl -s {base}/v1/chains
+  curl -s -X PUT {base}/v1/destination-policy -H "Authorization: Bearer $KEY" \\
+    -H 'Content-Type: application/json' \\
+    -d '{{"destination":{{"chainId":8453,"address":"{DEMO_WALLET}","tokenAddress":"{BASE_USDC}"}}}}'
+  curl -s -X POST {base}/v1/deposit-accounts -H "Authorization: Bearer $KEY" \\
+    -H 'Content-Type: application/json' -d '{{"externalUserId":"user-1"}}'
+  curl -s {base}/v1/deposits -H "Authorization: Bearer $KEY"
+OpenAPI: {base}/v1/openapi.json and {base}/v1/notifier/openapi.json
+"""
+
+
+def run_dev(args: argparse.Namespace) -> int:
+    from werkzeug.serving import run_simple
+
+    from services.core.app import create_app as create_core_app
+    from services.core.deposits.worker import run_pipeline
+    from services.core.fee_oracle import run_fee_oracle
+    from services.core.fees import refresh_fees
+    from services.core.relay import install_commit_wakeup, start_relay_thread
+    from services.notifier.app import create_app as create_notifier_app
+    from services.notifier.engine import start_embedded
+
+    env = dict(os.environ)
+    core_config, notifier_config = embedded_configs(env)
+    folder = data_dir(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    migrate.upgrade(components.IDENTITY, core_config.identity_database_url)
+    migrate.upgrade(components.CORE, core_config.database_url)
+    migrate.upgrade(components.NOTIFIER, notifier_config.database_url)
+
+    db = Database(core_config.database_url)
+    core_ctx = CoreContext.build(core_config, db=db, identity_db=db)
+    notifier_db = (
+        db
+        if notifier_config.database_url == core_config.database_url
+        else Database(notifier_config.database_url)
+    )
+    notifier_ctx = NotifierContext.build(notifier_config, db=notifier_db, identity_db=db)
+    refresh_fees(db, core_ctx.registry)
+    demo = ensure_demo_tenant(db, folder)
+
+    stop = threading.Event()
+    embedded = start_embedded(notifier_ctx)
+    wake = threading.Event()
+    install_commit_wakeup(db, wake)
+    start_relay_thread(db, lambda: embedded.bus, stop, wake=wake, poll_s=1.0)
+    for name, target in (("fee-oracle", run_fee_oracle), ("deposit-pipeline", run_pipeline)):
+        threading.Thread(target=target, args=(core_ctx, stop), name=name, daemon=True).start()
+
+    app = PathDispatcher(
+        create_core_app(context=core_ctx), create_notifier_app(context=notifier_ctx)
+    )
+    sys.stdout.write(banner(args.host, args.port, demo, core_config.database_url))
+    sys.stdout.flush()
+    try:
+        run_simple(args.host, args.port, app, threaded=True, use_reloader=False)
+    finally:
+        stop.set()
+        embedded.stop()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("dev", help="everything in one process (SQLite, in-process broker)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=run_dev)

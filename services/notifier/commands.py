@@ -1,0 +1,149 @@
+"""The notifier's processes: `settle notifier api|consume|worker`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from services.notifier.config import NotifierConfig
+from services.notifier.context import NotifierContext
+from services.notifier.metrics import DeliveryQueueCollector
+from shared.metrics import metrics_port, serve_metrics
+from shared.serve import default_workers, serve
+from shared.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+#: How long a parent waits for its worker processes after SIGTERM before SIGKILL.
+CHILD_STOP_S = 20.0
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %s: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def _engine_context() -> tuple[NotifierConfig, NotifierContext]:
+    config = NotifierConfig.from_env()
+    if not config.amqp_url:
+        raise SettingsError(
+            "this process needs SETTLE_AMQP_URL (`settle dev` runs the engine in-process)"
+        )
+    return config, NotifierContext.build(config)
+
+
+def notifier_api(args: argparse.Namespace) -> int:
+    serve(
+        "services.notifier.wsgi:app",
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        threads=args.threads,
+    )
+    return 0
+
+
+def notifier_consume(args: argparse.Namespace) -> int:
+    from services.notifier.engine import EngineSettings, build_engine, run_consume
+
+    config, ctx = _engine_context()
+    engine = build_engine(ctx, EngineSettings.from_env(config))
+    engine.metrics.registry.register(DeliveryQueueCollector(ctx.db))
+    serve_metrics(engine.metrics.registry, metrics_port())
+    stop = _stop_on_signals()
+    try:
+        return run_consume(engine, stop)
+    finally:
+        ctx.db.dispose()
+
+
+def notifier_worker(args: argparse.Namespace) -> int:
+    if args.processes > 1:
+        return _supervise_workers(args.processes, args.threads)
+    from services.notifier.engine import EngineSettings, build_engine, run_worker
+
+    config, ctx = _engine_context()
+    threads = args.threads or config.worker_threads
+    engine = build_engine(ctx, EngineSettings.from_env(config))
+    serve_metrics(engine.metrics.registry, metrics_port())
+    stop = _stop_on_signals()
+    try:
+        run_worker(engine, stop, threads=threads)
+    finally:
+        ctx.db.dispose()
+    return 0
+
+
+def _supervise_workers(processes: int, threads: int | None) -> int:
+    """N single-process workers; metrics ports SETTLE_METRICS_PORT + i. Any exit stops all."""
+    stop = _stop_on_signals()
+    children: list[subprocess.Popen[bytes]] = []
+    for index in range(processes):
+        env = dict(os.environ)
+        port = metrics_port(offset=index)
+        if port is not None:
+            env["SETTLE_METRICS_PORT"] = str(port)
+        argv = [sys.executable, "-m", "services.cli", "notifier", "worker", "--processes", "1"]
+        if threads:
+            argv += ["--threads", str(threads)]
+        children.append(subprocess.Popen(argv, env=env))
+    code = 0
+    try:
+        while not stop.is_set():
+            if any(child.poll() is not None for child in children):
+                log.error("a worker process exited; stopping the others")
+                code = 1
+                break
+            stop.wait(0.5)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + CHILD_STOP_S
+        for child in children:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(5)
+    return code
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    notifier = sub.add_parser("notifier", help="notifier processes").add_subparsers(
+        dest="action", required=True
+    )
+    p = notifier.add_parser("api", help="serve the notifier's HTTP API with gunicorn")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--workers", type=int, default=default_workers())
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(func=notifier_api)
+
+    p = notifier.add_parser(
+        "consume", help="store domain events from RabbitMQ and fan out deliveries (+ sweeper)"
+    )
+    p.set_defaults(func=notifier_consume)
+
+    p = notifier.add_parser("worker", help="send deliveries (Dramatiq worker threads)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per process (SETTLE_NOTIFIER_WORKER_THREADS)",
+    )
+    p.set_defaults(func=notifier_worker)

@@ -1,0 +1,362 @@
+"""The outbox relay against the real PostgreSQL and RabbitMQ (and SQLite for the embedded mode)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from services.core import outbox
+from services.core.models import OutboxEvent
+from services.core.relay import (
+    install_commit_wakeup,
+    outbox_lag,
+    relay_once,
+    start_relay_thread,
+)
+from shared import components, events, migrate
+from shared.bus import (
+    BusNames,
+    EventPublisher,
+    InProcessBus,
+    OutgoingEvent,
+    PublishError,
+    RabbitPublisher,
+    declare_events_exchange,
+)
+from shared.db import Database
+from tests.support.pipeline import delete_bus, isolated_database, unique_prefix, wait_until
+from tests.support.receiver import closed_port_url
+from tests.support.services import AMQP_URL, require_service
+
+pytestmark = pytest.mark.integration
+
+
+class BusTap:
+    """An exclusive queue bound to every event type of an exchange: what the relay sent."""
+
+    def __init__(self, names: BusNames) -> None:
+        self.connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        self.channel = self.connection.channel()
+        declare_events_exchange(self.channel, names)
+        self.queue = self.channel.queue_declare("", exclusive=True).method.queue
+        self.channel.queue_bind(self.queue, names.exchange, routing_key="#")
+        self.messages: list[tuple[Any, Any, bytes]] = []
+
+    def drain(self) -> list[tuple[Any, Any, bytes]]:
+        while True:
+            method, props, body = self.channel.basic_get(self.queue, auto_ack=True)
+            if method is None:
+                return self.messages
+            self.messages.append((method, props, body))
+
+    def ids(self) -> list[str]:
+        return [props.message_id for _, props, _ in self.drain()]
+
+    def close(self) -> None:
+        if self.connection.is_open:
+            self.connection.close()
+
+
+@pytest.fixture(scope="module")
+def db() -> Iterator[Database]:
+    """An outbox of this module's own (a relay takes every unpublished row it sees)."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    with isolated_database("relay") as url:
+        database = Database(url, pool_size=8)
+        yield database
+        database.dispose()
+
+
+@pytest.fixture
+def names() -> Iterator[BusNames]:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    bus = BusNames(unique_prefix())
+    yield bus
+    delete_bus(bus)
+
+
+@pytest.fixture
+def tap(names: BusNames) -> Iterator[BusTap]:
+    tap = BusTap(names)
+    yield tap
+    tap.close()
+
+
+def _emit(db: Database, n: int = 1, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    tenant_id = tenant_id or str(uuid.uuid4())
+    out = []
+    for i in range(n):
+        with db.transaction() as session:
+            out.append(outbox.emit(session, events.DEPOSIT_CREDITED, tenant_id, {"n": i}))
+    return out
+
+
+def _published_at(db: Database, event_ids: list[str]) -> dict[str, Any]:
+    with db.reader() as session:
+        rows = session.execute(
+            sa.select(OutboxEvent.event_id, OutboxEvent.published_at).where(
+                OutboxEvent.event_id.in_(event_ids)
+            )
+        ).all()
+    return {row.event_id: row.published_at for row in rows}
+
+
+def _relay_all(db: Database, publisher: EventPublisher) -> None:
+    """Drain the outbox (other tests may have left rows before ours)."""
+    while relay_once(db, publisher) > 0:
+        pass
+
+
+def test_relay_publishes_in_id_order_persistent_and_marks_rows(
+    db: Database, names: BusNames, tap: BusTap
+) -> None:
+    # Given five events committed one after another
+    emitted = _emit(db, 5)
+    ids = [e["id"] for e in emitted]
+    # When the relay runs
+    publisher = RabbitPublisher(AMQP_URL, names)
+    try:
+        _relay_all(db, publisher)
+    finally:
+        publisher.close()
+    # Then each went to settle.events once, in commit order, as persistent JSON
+    mine = [m for m in tap.drain() if m[1].message_id in ids]
+    assert [m[1].message_id for m in mine] == ids
+    for (method, props, body), envelope in zip(mine, emitted, strict=True):
+        assert method.exchange == names.exchange
+        assert method.routing_key == events.DEPOSIT_CREDITED
+        assert props.delivery_mode == 2 and props.content_type == "application/json"
+        assert body == events.encode(envelope)
+    # And every row is marked published
+    assert all(_published_at(db, ids).values())
+
+
+def test_rows_stay_in_the_outbox_while_the_broker_is_unreachable(db: Database) -> None:
+    # Given a publisher pointed at a port where no broker listens
+    (envelope,) = _emit(db)
+    dead = RabbitPublisher(closed_port_url().replace("http://", "amqp://guest:guest@"))
+    # When the relay runs, it fails
+    with pytest.raises(PublishError):
+        relay_once(db, dead)
+    # Then the row is not marked: nothing the broker did not confirm counts as sent
+    assert _published_at(db, [envelope["id"]]) == {envelope["id"]: None}
+
+
+def test_nothing_is_marked_while_no_queue_is_bound(db: Database, names: BusNames) -> None:
+    # Given an exchange no queue is bound to (the notifier never ran): the broker would drop
+    (envelope,) = _emit(db)
+    publisher = RabbitPublisher(AMQP_URL, names)
+    try:
+        # When the relay runs, the mandatory message comes back
+        with pytest.raises(PublishError, match="no queue is bound"):
+            relay_once(db, publisher)
+    finally:
+        publisher.close()
+    # Then the row waits in the outbox
+    assert _published_at(db, [envelope["id"]]) == {envelope["id"]: None}
+
+
+def test_a_commit_wakes_the_relay_at_once(db: Database, names: BusNames, tap: BusTap) -> None:
+    # Given a relay that would poll only every 30 s, drained and asleep
+    stop = threading.Event()
+    thread = start_relay_thread(db, lambda: RabbitPublisher(AMQP_URL, names), stop, poll_s=30)
+    try:
+        time.sleep(0.5)
+        tap.drain()
+        # When core commits an event
+        started = time.monotonic()
+        (envelope,) = _emit(db)
+        # Then it is on the bus well before any poll (LISTEN/NOTIFY)
+        wait_until(lambda: envelope["id"] in tap.ids(), 3, "the event on the bus")
+        assert time.monotonic() - started < 1.0
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+class _Switchable:
+    """Publishers to a dead port until `up` is set, then to the real broker."""
+
+    def __init__(self, names: BusNames) -> None:
+        self.names = names
+        self.up = threading.Event()
+        self.dead_url = closed_port_url().replace("http://", "amqp://guest:guest@")
+
+    def __call__(self) -> EventPublisher:
+        return _SwitchingPublisher(self)
+
+
+class _SwitchingPublisher:
+    def __init__(self, switch: _Switchable) -> None:
+        self.switch = switch
+        self.dead = RabbitPublisher(switch.dead_url, switch.names)
+        self.live = RabbitPublisher(AMQP_URL, switch.names)
+
+    def _current(self) -> RabbitPublisher:
+        return self.live if self.switch.up.is_set() else self.dead
+
+    def publish_batch(self, batch: Sequence[OutgoingEvent]) -> None:
+        self._current().publish_batch(batch)
+
+    def keepalive(self) -> None:
+        self._current().keepalive()
+
+    def close(self) -> None:
+        self.dead.close()
+        self.live.close()
+
+
+def test_events_committed_while_rabbitmq_is_down_are_all_published_when_it_is_back(
+    db: Database, names: BusNames, tap: BusTap
+) -> None:
+    # Given a running relay whose broker is unreachable
+    switch = _Switchable(names)
+    stop = threading.Event()
+    thread = start_relay_thread(db, switch, stop, poll_s=0.2)
+    try:
+        # When core keeps committing events meanwhile
+        emitted = [e["id"] for e in _emit(db, 20)]
+        time.sleep(0.8)
+        assert not any(_published_at(db, emitted).values())
+        # And the broker comes back
+        switch.up.set()
+        # Then every event is published (the backoff retries within seconds) and marked
+        wait_until(lambda: set(emitted) <= set(tap.ids()), 10, "all events on the bus")
+        wait_until(lambda: all(_published_at(db, emitted).values()), 5, "rows marked")
+    finally:
+        stop.set()
+        thread.join(10)
+    received = [i for i in tap.ids() if i in emitted]
+    assert sorted(received) == sorted(emitted)
+
+
+def test_two_relays_share_the_outbox_without_double_publishing(
+    db: Database, names: BusNames, tap: BusTap
+) -> None:
+    # Given two relays on the same outbox (two core workers)
+    stop = threading.Event()
+    threads = [
+        start_relay_thread(db, lambda: RabbitPublisher(AMQP_URL, names), stop, poll_s=0.2)
+        for _ in range(2)
+    ]
+    try:
+        # When 120 events are committed from four writers at once
+        emitted: list[str] = []
+        lock = threading.Lock()
+
+        def writer() -> None:
+            ids = [e["id"] for e in _emit(db, 30)]
+            with lock:
+                emitted.extend(ids)
+
+        writers = [threading.Thread(target=writer) for _ in range(4)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(30)
+        # Then each event is published exactly once (SKIP LOCKED splits the rows)
+        wait_until(lambda: set(emitted) <= set(tap.ids()), 10, "all events on the bus")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    received = [i for i in tap.ids() if i in set(emitted)]
+    assert len(emitted) == 120 and sorted(received) == sorted(emitted)
+
+
+def test_outbox_lag_reports_the_oldest_unpublished_row(db: Database) -> None:
+    # Given an unpublished event (nothing relays in this test)
+    _emit(db)
+    count, lag = outbox_lag(db)
+    assert count >= 1 and lag >= 0.0
+
+
+def test_embedded_mode_wakes_on_commit_and_hands_events_to_the_handler(tmp_path: Path) -> None:
+    # Given core on SQLite, a commit hook and an in-process bus
+    url = f"sqlite:///{tmp_path / 'embedded.db'}"
+    migrate.upgrade(components.IDENTITY, url)
+    migrate.upgrade(components.CORE, url)
+    db = Database(url)
+    received: list[bytes] = []
+    wake = threading.Event()
+    install_commit_wakeup(db, wake)
+    stop = threading.Event()
+    thread = start_relay_thread(
+        db, lambda: InProcessBus(received.append), stop, poll_s=30, wake=wake
+    )
+    try:
+        time.sleep(0.2)
+        # When an event commits
+        started = time.monotonic()
+        (envelope,) = _emit(db)
+        # Then the handler has its exact body at once (no 30 s poll)
+        wait_until(lambda: received, 3, "the in-process handler to run")
+        assert time.monotonic() - started < 1.0
+        assert json.loads(received[0]) == envelope
+        wait_until(lambda: all(_published_at(db, [envelope["id"]]).values()), 3, "row marked")
+        # And a rolled-back transaction neither wakes it nor leaks a flag
+        with pytest.raises(RuntimeError), db.transaction() as session:
+            outbox.emit(session, events.DEPOSIT_CREDITED, str(uuid.uuid4()), {})
+            raise RuntimeError("rollback")
+        assert not wake.is_set()
+    finally:
+        stop.set()
+        wake.set()
+        thread.join(10)
+        db.dispose()
+
+
+def test_a_failing_in_process_handler_keeps_the_row(tmp_path: Path) -> None:
+    # Given an in-process bus whose handler fails (the notifier's database is down)
+    url = f"sqlite:///{tmp_path / 'embedded.db'}"
+    migrate.upgrade(components.IDENTITY, url)
+    migrate.upgrade(components.CORE, url)
+    db = Database(url)
+
+    def broken(body: bytes) -> None:
+        raise RuntimeError("notifier database down")
+
+    try:
+        (envelope,) = _emit(db)
+        # When the relay runs, then the failure propagates and the row stays
+        with pytest.raises(PublishError):
+            relay_once(db, InProcessBus(broken))
+        assert _published_at(db, [envelope["id"]]) == {envelope["id"]: None}
+        # And a working handler later takes it
+        got: list[bytes] = []
+        assert relay_once(db, InProcessBus(got.append)) == 1
+        assert json.loads(got[0])["id"] == envelope["id"]
+    finally:
+        db.dispose()
+
+
+def test_rows_confirmed_before_a_failure_are_marked_and_the_rest_wait(db: Database) -> None:
+    # Given an in-process bus whose handler fails on the third event of a batch
+    emitted = [e["id"] for e in _emit(db, 5)]
+    seen: list[str] = []
+
+    def flaky(body: bytes) -> None:
+        event_id = json.loads(body)["id"]
+        if event_id == emitted[2]:
+            raise RuntimeError("down")
+        seen.append(event_id)
+
+    # When the relay drains the outbox (other tests' rows may come first)
+    with pytest.raises(PublishError):
+        while relay_once(db, InProcessBus(flaky)) > 0:
+            pass
+    # Then the two events taken before the failure are marked, the failed one and the rest not
+    marks = _published_at(db, emitted)
+    assert [marks[i] is not None for i in emitted] == [True, True, False, False, False]
+    assert emitted[:2] == [i for i in seen if i in emitted]
