@@ -34,9 +34,11 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## Every benchmark; writes docs/PERFORMANCE.md.
+## Every benchmark (needs wrk, PostgreSQL and RabbitMQ); prints the figures.
 bench: $(STAMP)
 	$(BIN)/python bench/core_api.py
+	$(BIN)/python bench/webhooks.py
+	$(BIN)/python bench/pipeline.py
 
 clean:
 	rm -rf $(VENV) .settle .pytest_cache .ruff_cache
