@@ -72,6 +72,18 @@ def parse_schedule(text: str) -> tuple[float, ...]:
     return tuple(parse_duration(p) for p in parts)
 
 
+#: The two modes; production refuses dev-only settings and dev defaults.
+MODES = ("dev", "production")
+
+
+def env_mode(env: Mapping[str, str]) -> str:
+    """SETTLE_ENV: `dev` (default) or `production`."""
+    mode = env_str(env, "SETTLE_ENV", "dev") or "dev"
+    if mode not in MODES:
+        raise SettingsError("SETTLE_ENV must be dev or production")
+    return mode
+
+
 def data_dir(env: Mapping[str, str]) -> Path:
     return Path(env_str(env, "SETTLE_DATA_DIR", "./.settle") or "./.settle")
 

@@ -14,6 +14,7 @@ from shared.settings import (
     default_database_url,
     env_bool,
     env_float,
+    env_mode,
     env_str,
     environ,
 )
@@ -48,9 +49,7 @@ class CoreConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CoreConfig:
         env = environ() if env is None else env
-        mode = env_str(env, "SETTLE_ENV", "dev") or "dev"
-        if mode not in ("dev", "production"):
-            raise SettingsError("SETTLE_ENV must be dev or production")
+        mode = env_mode(env)
         database_url = default_database_url(env)
         xpub = env_str(env, "SETTLE_DEPOSIT_XPUB")
         if mode == "production" and not xpub:

@@ -14,6 +14,7 @@ from shared.settings import (
     env_bool,
     env_float,
     env_int,
+    env_mode,
     env_str,
     environ,
     parse_schedule,
@@ -63,9 +64,7 @@ class NotifierConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NotifierConfig:
         env = environ() if env is None else env
-        mode = env_str(env, "SETTLE_ENV", "dev") or "dev"
-        if mode not in ("dev", "production"):
-            raise SettingsError("SETTLE_ENV must be dev or production")
+        mode = env_mode(env)
         core_url = default_database_url(env)
         secret_key = env_str(env, "SETTLE_SECRET_KEY")
         if not secret_key:
@@ -73,6 +72,7 @@ class NotifierConfig:
                 raise SettingsError("SETTLE_SECRET_KEY is required in production")
             secret_key = DEV_SECRET_KEY
         allow_private = env_bool(env, "SETTLE_WEBHOOK_ALLOW_PRIVATE", False)
+        worker_threads = env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16)
         if allow_private and mode == "production":
             raise SettingsError("SETTLE_WEBHOOK_ALLOW_PRIVATE is for dev only")
         return cls(
@@ -91,7 +91,9 @@ class NotifierConfig:
             allow_private=allow_private,
             disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
             per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
-            worker_threads=env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16),
+            worker_threads=worker_threads,
+            # Each worker thread holds a connection while its POST is in flight.
+            db_pool_size=max(10, worker_threads + 4),
             max_endpoints_per_tenant=env_int(env, "SETTLE_WEBHOOK_MAX_ENDPOINTS", 20),
             rate_limits=RateLimitConfig.from_env(env),
         )
