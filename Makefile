@@ -34,11 +34,10 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## Every benchmark (needs wrk, PostgreSQL and RabbitMQ); prints the figures.
+## Every benchmark (needs wrk, PostgreSQL, RabbitMQ); writes docs/PERFORMANCE.md.
 bench: $(STAMP)
-	$(BIN)/python bench/core_api.py
-	$(BIN)/python bench/webhooks.py
-	$(BIN)/python bench/pipeline.py
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) .settle .pytest_cache .ruff_cache
