@@ -135,3 +135,52 @@ def machine() -> str:
         f"{platform.machine()} {cpus} cores{mem}, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}"
     )
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def group_pids(pid: int) -> list[int]:
+    """Every process in `pid`'s process group (a server started by `process`)."""
+    pgid = os.getpgid(pid)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (those still alive)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _CLOCK_TICKS
+
+
+def host_busy_seconds() -> float:
+    """CPU time all cores spent busy since boot (to tell our load from everyone else's)."""
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:8]]
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / _CLOCK_TICKS
+
+
+def postgres_backend_pids(url: str) -> list[int]:
+    """Server processes of one database, plus the WAL writer (commits flush through it)."""
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s OR backend_type = 'walwriter'",
+            (name,),
+        ).fetchall()
+    return [int(row[0]) for row in rows]

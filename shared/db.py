@@ -6,15 +6,27 @@ config and keeps it on the app (`app.extensions`) or passes it down.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import select
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+#: A pooled connection unused for this long is replaced (a cap on server-side state).
+POOL_RECYCLE_S = 1800
+#: Session.info keys: the owning Database; callbacks to run after the commit.
+_DATABASE = "settle.database"
+_AFTER_COMMIT = "settle.after_commit"
 
 #: JSON column: JSONB on PostgreSQL, JSON text elsewhere.
 JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
@@ -78,27 +90,68 @@ def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _sqlite_begin(conn: sa.Connection) -> None:
+            if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+                return  # single statements (Database.autocommit) take no write lock
             # Writers queue on the lock up front instead of failing on upgrade.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         echo=echo,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
-        pool_recycle=1800,
+        pool_recycle=POOL_RECYCLE_S,
     )
+    _check_liveness_on_checkout(engine)
+    return engine
+
+
+def _check_liveness_on_checkout(engine: Engine) -> None:
+    """Replace pooled connections the server has closed, for the price of a poll(2).
+
+    `pool_pre_ping` costs a round trip on every checkout. Instead: a healthy idle
+    connection has nothing to read, while one the server ended (restart, shutdown,
+    pg_terminate_backend, idle timeout) has its FATAL message or EOF waiting. Only
+    then is it pinged; a dead one invalidates the whole pool (after a restart every
+    pooled connection is dead) and SQLAlchemy checks out a fresh one, so the
+    request does not fail. A connection that dies silently (host lost, no FIN) is
+    not detected here; neither would a ping be before TCP gives up.
+    """
+    dialect = engine.dialect
+
+    @sa.event.listens_for(engine, "checkout")
+    def _liveness(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if dbapi_conn.closed or dbapi_conn.broken:
+            raise sa.exc.InvalidatePoolError("connection closed")
+        if not _has_input(dbapi_conn.fileno()):
+            return
+        try:
+            dialect.do_ping(dbapi_conn)
+        except dialect.loaded_dbapi.Error as err:
+            if dialect.is_disconnect(err, dbapi_conn, None):
+                raise sa.exc.InvalidatePoolError(f"server closed the connection: {err}") from err
+            raise
+
+
+def _has_input(fd: int) -> bool:
+    """True when the socket has bytes (or EOF) waiting; never blocks."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
 
 
 class Database:
-    """An engine and its session factory."""
+    """An engine, its session factory, and helpers that live as long as it does."""
 
     def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
         self.url = normalize_url(url)
         self.engine = make_engine(self.url, pool_size=pool_size, echo=echo)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={_DATABASE: self})
+        sa.event.listen(self.sessions, "after_commit", _run_after_commit)
+        sa.event.listen(self.sessions, "after_soft_rollback", _forget_after_commit)
+        self._attachments: dict[str, Any] = {}
+        self._attachments_lock = threading.Lock()
 
     @property
     def is_sqlite(self) -> bool:
@@ -130,8 +183,76 @@ class Database:
         finally:
             session.close()
 
+    @contextmanager
+    def autocommit(self) -> Iterator[sa.Connection]:
+        """A pooled connection on which each statement is its own transaction.
+
+        For single-statement reads on hot paths: no BEGIN and ROLLBACK round trips
+        around them. Use `reader()` when several reads must see one snapshot.
+        """
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def attachment(self, key: str, factory: Callable[[Database], T]) -> T:
+        """The helper stored under `key`, made by `factory(self)` on first use.
+
+        For per-database machinery built lazily (no import-time side effects); an
+        attachment with a `close()` is closed by `dispose()`.
+        """
+        found = self._attachments.get(key)
+        if found is None:
+            with self._attachments_lock:
+                found = self._attachments.get(key)
+                if found is None:
+                    found = self._attachments[key] = factory(self)
+        return found  # type: ignore[no-any-return]
+
     def dispose(self) -> None:
+        with self._attachments_lock:
+            attachments, self._attachments = list(self._attachments.values()), {}
+        for attachment in attachments:
+            close = getattr(attachment, "close", None)
+            if close is not None:
+                close()
         self.engine.dispose()
+
+
+def database_of(session: Session) -> Database | None:
+    """The Database whose session factory made `session` (None for other sessions)."""
+    db: Database | None = session.info.get(_DATABASE)
+    return db
+
+
+def after_commit(session: Session, callback: Callable[[], None]) -> None:
+    """Call `callback` once the session's current transaction has committed.
+
+    Forgotten if it rolls back. The same callback registered twice in a transaction
+    runs once. Callbacks run in the committing thread and must be quick; an error
+    in one is logged, never raised (the commit has happened).
+    """
+    callbacks: dict[Callable[[], None], None] | None = session.info.get(_AFTER_COMMIT)
+    if callbacks is None:
+        callbacks = session.info[_AFTER_COMMIT] = {}
+    callbacks[callback] = None
+
+
+def _run_after_commit(session: Session) -> None:
+    # Also dispatched when a SAVEPOINT is released: wait for the real commit.
+    if session.in_nested_transaction():
+        return
+    callbacks = session.info.pop(_AFTER_COMMIT, None)
+    for callback in callbacks or ():
+        try:
+            callback()
+        except Exception:
+            log.exception("after-commit callback %r failed", callback)
+
+
+def _forget_after_commit(session: Session, previous: SessionTransaction) -> None:
+    # A rolled-back SAVEPOINT keeps them: the outer transaction may still commit
+    # work registered before it (a spare callback is harmless, a lost one is not).
+    if previous.parent is None:
+        session.info.pop(_AFTER_COMMIT, None)
 
 
 def is_unique_violation(exc: BaseException) -> bool:

@@ -30,6 +30,16 @@ TTL = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
 #: Extension key under which an app keeps its own database.
 APP_DB = "settle.db"
+#: OpenAPI description of the header, for `blp.doc(parameters=[OPENAPI_PARAMETER])` on
+#: every idempotent POST (which also documents 400 for a bad key and 409).
+OPENAPI_PARAMETER = {
+    "in": "header",
+    "name": HEADER,
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+    "description": "The same key with the same body within 24 h returns the first "
+    "response (`Idempotent-Replayed: true`); with another body, 409 idempotency_key_reused.",
+}
 
 
 class IdempotencyRecordMixin:

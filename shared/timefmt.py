@@ -24,4 +24,8 @@ def parse_iso(text: str) -> datetime:
     value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        # e.g. 9999-12-31T23:59:59-14:00: a valid text whose UTC time is past year 9999.
+        raise ValueError(f"{text!r} is outside the years 1..9999 in UTC") from None

@@ -220,7 +220,7 @@ def create_account(
     # One executemany: psycopg pipelines the rows in a single round trip (measured
     # faster than a multi-row VALUES statement).
     session.execute(
-        _table(DepositAddress).insert(),
+        _INSERT_ADDRESSES,
         [
             {
                 "account_pk": pk,
@@ -250,6 +250,41 @@ def _table(model: type[Any]) -> sa.Table:
     return table
 
 
+# The hot path's statements, built once: SQLAlchemy then reuses their cache keys and
+# compiled forms instead of rebuilding and re-hashing a construct per request.
+_ACCOUNTS = _table(DepositAccount)
+_POLICIES = _table(DestinationPolicy)
+#: Columns the request provides; the destination columns come from it or the policy.
+_OWN = (
+    "id",
+    "tenant_id",
+    "external_user_id",
+    "status",
+    "dest_set_by_key_id",
+    "metadata",
+    "created_at",
+    "updated_at",
+)
+_COPIED = ("dest_chain_id", "dest_address", "dest_token_address")
+_RETURNING = (_ACCOUNTS.c.pk, *(_ACCOUNTS.c[name] for name in _COPIED))
+_INSERT_GIVEN = _ACCOUNTS.insert().returning(*_RETURNING)
+#: INSERT .. SELECT from the tenant's policy row: no row inserted when there is none.
+_INSERT_INHERITED = (
+    _ACCOUNTS.insert()
+    .from_select(
+        [*_OWN, *_COPIED],
+        sa.select(
+            *(sa.bindparam(name, type_=_ACCOUNTS.c[name].type) for name in _OWN),
+            _POLICIES.c.chain_id,
+            _POLICIES.c.address,
+            _POLICIES.c.token_address,
+        ).where(_POLICIES.c.tenant_id == sa.bindparam("tenant_id")),
+    )
+    .returning(*_RETURNING)
+)
+_INSERT_ADDRESSES = _table(DepositAddress).insert().inline()
+
+
 def _insert_account(
     session: Session, values: dict[str, Any], destination: Destination | None
 ) -> tuple[int, Destination] | None:
@@ -258,32 +293,17 @@ def _insert_account(
 
     Inheriting copies the policy inside the INSERT (INSERT .. SELECT from the policy
     row), so the hot path saves a round trip and reads the policy as of this statement.
-    Core statements with separate parameters: compiled once and cached, no ORM work.
     """
-    table = _table(DepositAccount)
-    copied = ("dest_chain_id", "dest_address", "dest_token_address")
-    statement: sa.Insert
-    if destination is not None:
-        statement = table.insert()
+    if destination is None:
+        row = session.execute(_INSERT_INHERITED, values).first()
+    else:
         params = {
             **values,
             "dest_chain_id": destination.chain_id,
             "dest_address": destination.address,
             "dest_token_address": destination.token_address,
         }
-    else:
-        policies = _table(DestinationPolicy)
-        source = sa.select(
-            *(sa.bindparam(name, type_=table.c[name].type) for name in values),
-            policies.c.chain_id,
-            policies.c.address,
-            policies.c.token_address,
-        ).where(policies.c.tenant_id == sa.bindparam("tenant_id"))
-        statement = table.insert().from_select([*values, *copied], source)
-        params = values
-    row = session.execute(
-        statement.returning(table.c.pk, *(table.c[name] for name in copied)), params
-    ).first()
+        row = session.execute(_INSERT_GIVEN, params).first()
     if row is None:
         return None
     return row[0], Destination(row[1], row[2], row[3])

@@ -18,7 +18,8 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     """Build core's WSGI app. Pass a `context` to share databases with other parts."""
     if context is None:
         context = CoreContext.build(config or CoreConfig.from_env())
-    app = Flask("settle.core")
+    # static_folder=None: a JSON API serves no files (Flask would add /static/<path>).
+    app = Flask("settle.core", static_folder=None)
     app.extensions[EXTENSION] = context
     app.extensions[APP_DB] = context.db
     app.extensions[IDENTITY_DB] = context.identity_db

@@ -50,6 +50,8 @@ class DepositAccount(CoreBase):
     __tablename__ = "deposit_accounts"
     __table_args__ = (
         sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
+        # GET /v1/deposit-accounts: a tenant's accounts newest first, keyset on pk.
+        sa.Index("ix_deposit_accounts_tenant_pk", "tenant_id", "pk"),
         {"sqlite_autoincrement": True},
     )
 

@@ -1,8 +1,10 @@
 """The transactional outbox: events are rows written with the change that caused them.
 
-`emit` adds the row to the caller's session; the relay (services/core/relay.py)
-publishes committed rows. On PostgreSQL, `NOTIFY settle_outbox` in the same
-transaction wakes the relay the moment the transaction commits.
+`emit` adds the row to the caller's transaction; the relay (services/core/relay.py)
+publishes committed rows. The relay is woken once the transaction has committed:
+on PostgreSQL by a `NOTIFY settle_outbox` sent outside the writer's transaction
+(services/core/outbox_wakeup.py: a NOTIFY inside it would serialise every writer's
+commit), in the embedded mode by `WROTE_OUTBOX` and an in-process event.
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from services.core.models import OutboxEvent
+from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events
 from shared.timefmt import parse_iso, utcnow
 
-#: PostgreSQL channel the relay LISTENs on.
-NOTIFY_CHANNEL = "settle_outbox"
+__all__ = ["NOTIFY_CHANNEL", "WROTE_OUTBOX", "emit"]
+
 #: Session.info flag: the session wrote outbox rows (for the in-process wake-up).
 WROTE_OUTBOX = "settle.wrote_outbox"
+
+_OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
+#: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
+#: `inline()`: no implicit `RETURNING id` (nothing reads the new row's id).
+_INSERT = _OUTBOX.insert().inline()
 
 
 def emit(
@@ -34,24 +42,26 @@ def emit(
 ) -> dict[str, Any]:
     """Write an event in the caller's transaction and return its envelope.
 
-    A durable event id already present raises IntegrityError at flush: the caller
+    A durable event id already present raises IntegrityError here: the caller
     decides (pipeline steps treat it as "already emitted").
     """
     created_at = created_at or utcnow()
     envelope = events.envelope(
         event_type, tenant_id, data, event_id=event_id, created_at=created_at
     )
-    session.add(
-        OutboxEvent(
-            event_id=envelope["id"],
-            event_type=event_type,
-            tenant_id=tenant_id,
-            body=events.encode(envelope).decode("utf-8"),
-            created_at=parse_iso(envelope["createdAt"]),
-        )
-    )
+    # The caller's pending ORM changes go first, as they did when the event was an
+    # ORM object flushed with them (a no-op check when there are none).
     session.flush()
+    session.execute(
+        _INSERT,
+        {
+            "event_id": envelope["id"],
+            "event_type": event_type,
+            "tenant_id": tenant_id,
+            "body": events.encode(envelope).decode("utf-8"),
+            "created_at": parse_iso(envelope["createdAt"]),
+        },
+    )
     session.info[WROTE_OUTBOX] = True
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(sa.text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    request_wakeup(session)
     return envelope

@@ -18,7 +18,8 @@ def create_app(
     """Build the notifier's WSGI app. Pass a `context` to share databases or the engine."""
     if context is None:
         context = NotifierContext.build(config or NotifierConfig.from_env())
-    app = Flask("settle.notifier")
+    # static_folder=None: a JSON API serves no files (Flask would add /static/<path>).
+    app = Flask("settle.notifier", static_folder=None)
     app.extensions[EXTENSION] = context
     app.extensions[APP_DB] = context.db
     app.extensions[IDENTITY_DB] = context.identity_db

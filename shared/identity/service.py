@@ -98,13 +98,35 @@ def revoke_api_key(session: Session, key_id: str) -> tuple[ApiKey, bool]:
     return key, True
 
 
-def find_active_key(session: Session, plain: str) -> ApiKey | None:
-    """The unrevoked key with this value, or None."""
+@dataclass(frozen=True)
+class ActiveKey:
+    """What a request needs of an unrevoked API key and its tenant."""
+
+    id: str
+    tenant_id: str
+    scopes: frozenset[str]
+    sandbox: bool
+
+
+#: One statement for the key and its tenant: one round trip per authenticated request.
+#: Built once, so SQLAlchemy reuses its cache key and compiled form.
+_ACTIVE_KEY = (
+    sa.select(ApiKey.id, ApiKey.tenant_id, ApiKey.scopes, Tenant.sandbox)
+    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+    .where(ApiKey.key_hash == sa.bindparam("key_hash"), ApiKey.revoked_at.is_(None))
+)
+
+
+def find_active_key(conn: Session | sa.Connection, plain: str) -> ActiveKey | None:
+    """The unrevoked key with this value and its tenant's sandbox flag, or None."""
     if not plain.startswith("sk_") or len(plain) > 200:
         return None
-    return session.execute(
-        sa.select(ApiKey).where(ApiKey.key_hash == token_hash(plain), ApiKey.revoked_at.is_(None))
-    ).scalar_one_or_none()
+    row = conn.execute(_ACTIVE_KEY, {"key_hash": token_hash(plain)}).first()
+    if row is None:
+        return None
+    return ActiveKey(
+        id=row.id, tenant_id=row.tenant_id, scopes=frozenset(row.scopes), sandbox=row.sandbox
+    )
 
 
 def add_member(session: Session, tenant_id: str, email: str, role: str, password: str) -> Member:

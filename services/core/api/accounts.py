@@ -22,7 +22,7 @@ from services.core.context import core
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, decode_cursor, encode_cursor
 from shared.errors import InvalidRequest
-from shared.idempotency import idempotent
+from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
 blp = Blueprint(
@@ -67,7 +67,8 @@ def _before_pk(cursor: str | None) -> int | None:
     if values is None:
         return None
     pk = values.get("pk")
-    if not isinstance(pk, int) or isinstance(pk, bool) or pk < 1:
+    # Bounded to BIGINT: a larger number made PostgreSQL fail (500) instead of a 400.
+    if not isinstance(pk, int) or isinstance(pk, bool) or not 1 <= pk < 2**63:
         raise InvalidRequest(
             "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
         )
@@ -103,6 +104,7 @@ class DepositAccounts(MethodView):
     @_error(409)
     @_error(413)
     @_error(422)
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self, args: dict[str, Any]) -> Response:
         """Create a deposit account.
 

@@ -16,7 +16,7 @@ from services.core.context import core
 from services.core.fees import fee_for
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, Schema
-from shared.idempotency import idempotent
+from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
 blp = Blueprint(
@@ -81,7 +81,9 @@ class FeePreview(MethodView):
     @blp.arguments(FeePreviewInSchema)
     @blp.response(200, QuotesSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
+    @blp.alt_response(409, schema=ErrorSchema, description="idempotency_key_reused")
     @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self, args: dict[str, Any]) -> Response:
         """Quote every active chain and asset matching the filters for an amount."""
         ctx = core()

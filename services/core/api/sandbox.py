@@ -18,7 +18,7 @@ from services.core.deposits.settings import PipelineSettings
 from services.core.models import IdempotencyRecord
 from shared.api import Address, Blueprint, ErrorSchema, Schema, StrictInteger
 from shared.errors import Forbidden
-from shared.idempotency import idempotent
+from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 from shared.timefmt import utcnow
 
@@ -84,6 +84,7 @@ class SandboxDeposits(MethodView):
     @blp.alt_response(404, schema=ErrorSchema, description="not_found: not your deposit address")
     @blp.alt_response(409, schema=ErrorSchema, description="idempotency_key_reused")
     @blp.alt_response(413, schema=ErrorSchema, description="payload_too_large")
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self, args: dict[str, Any]) -> Response:
         """Simulate a deposit to one of your deposit addresses.
 

@@ -72,10 +72,21 @@ class DestinationSchema(Schema):
     """A settlement destination; all three fields are required."""
 
     chain_id = ChainId(required=True)
-    address = Address(required=True, metadata={"description": "Wallet that receives settlements."})
+    address = Address(
+        required=True,
+        metadata={
+            "description": "Wallet that receives settlements.",
+            "example": "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+        },
+    )
+    # The example must be an asset of the example chain (USDC on Base), so that the
+    # documented example request is one the API accepts.
     token_address = Address(
         required=True,
-        metadata={"description": "Token contract; one of the chain's deposit assets."},
+        metadata={
+            "description": "Token contract; one of the chain's deposit assets.",
+            "example": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+        },
     )
 
     @ma.post_load

@@ -8,7 +8,7 @@ import marshmallow as ma
 from flask import Response
 from flask.views import MethodView
 
-from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response
+from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from services.core.context import core
 from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
 from shared.errors import Unauthorized
@@ -27,13 +27,25 @@ blp = Blueprint(
 PASSWORD_MAX = 1024
 
 
+def _unicode_text(value: str) -> None:
+    """Text the password hash can take: UTF-8 encodable (no unpaired surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ma.ValidationError("must not contain unpaired surrogates") from None
+
+
 class SignInSchema(Schema):
+    # Checked here, not left to the lookup: PostgreSQL refuses NUL in text and the
+    # driver cannot encode unpaired surrogates (both were 500s before).
     email = ma.fields.String(
         required=True,
-        validate=ma.validate.Length(min=1, max=320),
+        validate=[ma.validate.Length(min=1, max=320), printable],
         metadata={"example": "ops@example.com"},
     )
-    password = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=PASSWORD_MAX))
+    password = ma.fields.String(
+        required=True, validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), _unicode_text]
+    )
 
 
 class SessionSchema(Schema):
@@ -83,6 +95,7 @@ class Sessions(MethodView):
     @blp.response(200, SessionEnvelopeSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
     @blp.alt_response(401, schema=ErrorSchema, description="unauthorized: wrong email or password")
+    @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
     def post(self, args: dict[str, Any]) -> Response:
         """Sign in: sets the HttpOnly `settle_session` cookie and returns the CSRF token once."""
         with auth.identity_db().transaction() as session:

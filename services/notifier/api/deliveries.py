@@ -9,7 +9,9 @@ from flask.views import MethodView
 
 from services.notifier import deliveries
 from services.notifier.api.schemas import (
+    BAD_KEY,
     IDEMPOTENCY_KEY_PARAM,
+    TOO_LARGE,
     DeliveryDetailEnvelopeSchema,
     DeliveryEnvelopeSchema,
     DeliveryListArgs,
@@ -86,10 +88,14 @@ class Replay(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.response(200, DeliveryEnvelopeSchema)
+    @blp.alt_response(400, schema=ErrorSchema, description=BAD_KEY)
     @blp.alt_response(404, schema=ErrorSchema, description="No such delivery")
     @blp.alt_response(
-        409, schema=ErrorSchema, description="The endpoint is disabled or was deleted"
+        409,
+        schema=ErrorSchema,
+        description="conflict (the endpoint is disabled or was deleted) or idempotency_key_reused",
     )
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
     def post(self, delivery_id: str) -> dict[str, Any]:
         """Send the same event (same id, same body) again now, as a new delivery.

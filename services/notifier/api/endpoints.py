@@ -8,7 +8,10 @@ from flask.views import MethodView
 
 from services.notifier import deliveries, endpoints
 from services.notifier.api.schemas import (
+    BAD_KEY,
     IDEMPOTENCY_KEY_PARAM,
+    KEY_REUSED,
+    TOO_LARGE,
     DeliveryBatchSchema,
     DeliveryEnvelopeSchema,
     EndpointCreateSchema,
@@ -65,7 +68,12 @@ class WebhookEndpoints(MethodView):
     @idempotent(NotifierIdempotencyRecord)
     @blp.arguments(EndpointCreateSchema)
     @blp.response(200, EndpointWithSecretSchema)
-    @blp.alt_response(409, schema=ErrorSchema, description="The tenant has the most endpoints")
+    @blp.alt_response(
+        409,
+        schema=ErrorSchema,
+        description="conflict (the tenant has the most endpoints) or idempotency_key_reused",
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
     def post(self, args: dict[str, Any]) -> dict[str, Any]:
         """Register an HTTPS endpoint. The signing secret is in this response only."""
@@ -101,6 +109,7 @@ class WebhookEndpoint(MethodView):
     @blp.arguments(EndpointPatchSchema)
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     def patch(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
         """Change any of name, url, eventTypes, status (enabled or disabled)."""
         ctx = notifier()
@@ -135,6 +144,8 @@ class RotateSecret(MethodView):
     @blp.arguments(RotateSecretSchema, required=False)
     @blp.response(200, EndpointWithSecretSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.alt_response(409, schema=ErrorSchema, description=KEY_REUSED)
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
     def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
         """Rotate the signing secret; the old one may keep signing for up to 24 h."""
@@ -156,8 +167,14 @@ class SendTest(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.response(200, DeliveryEnvelopeSchema)
+    @blp.alt_response(400, schema=ErrorSchema, description=BAD_KEY)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
-    @blp.alt_response(409, schema=ErrorSchema, description="The endpoint is disabled")
+    @blp.alt_response(
+        409,
+        schema=ErrorSchema,
+        description="conflict (the endpoint is disabled) or idempotency_key_reused",
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
     def post(self, endpoint_id: str) -> dict[str, Any]:
         """Send a `webhook.test` event to this endpoint alone; returns the pending delivery."""
@@ -175,7 +192,12 @@ class Recover(MethodView):
     @blp.arguments(RecoverSchema)
     @blp.response(200, DeliveryBatchSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
-    @blp.alt_response(409, schema=ErrorSchema, description="The endpoint is disabled")
+    @blp.alt_response(
+        409,
+        schema=ErrorSchema,
+        description="conflict (the endpoint is disabled) or idempotency_key_reused",
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
     def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
         """Send again every event whose delivery to this endpoint failed in the window.

@@ -27,19 +27,17 @@ from services.notifier.urls import MAX_URL_LENGTH
 from shared.api import ListArgs, Schema, StrictInteger, Timestamp, decode_cursor
 from shared.errors import InvalidRequest
 from shared.events import EVENT_TYPES
+from shared.idempotency import OPENAPI_PARAMETER
 
 _UNKNOWN_TYPE = "unknown event type; one of the types listed under Events"
 _id_validator = ma.validate.Regexp(ID_PATTERN, error="not an id of this API")
 
 #: OpenAPI description of the Idempotency-Key header every POST takes.
-IDEMPOTENCY_KEY_PARAM = {
-    "in": "header",
-    "name": "Idempotency-Key",
-    "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-    "description": "The same key with the same body within 24 h returns the first "
-    "response (`Idempotent-Replayed: true`); with another body, 409 idempotency_key_reused.",
-}
+IDEMPOTENCY_KEY_PARAM = OPENAPI_PARAMETER
+#: Descriptions of the errors every route that reads a body or an Idempotency-Key can answer.
+BAD_KEY = "invalid_request: Idempotency-Key is not 1..255 printable characters"
+KEY_REUSED = "idempotency_key_reused: the Idempotency-Key came with another request"
+TOO_LARGE = "payload_too_large (body over 256 KiB)"
 
 
 def event_type_field(**kwargs: Any) -> ma.fields.String:
@@ -96,20 +94,28 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
 
 
 class EndpointCreateSchema(Schema):
-    name = ma.fields.String(required=True, validate=ma.validate.Length(min=1, max=MAX_NAME_LENGTH))
+    name = ma.fields.String(
+        required=True,
+        validate=ma.validate.Length(min=1, max=MAX_NAME_LENGTH),
+        metadata={"example": "Production ledger"},
+    )
     url = ma.fields.String(
         required=True,
         validate=ma.validate.Length(min=1, max=MAX_URL_LENGTH),
         metadata={
             "description": "https URL of a public host; no credentials, no #fragment "
-            "(http and private hosts only when SETTLE_WEBHOOK_ALLOW_PRIVATE is on, in dev)."
+            "(http and private hosts only when SETTLE_WEBHOOK_ALLOW_PRIVATE is on, in dev).",
+            "example": "https://hooks.example.com/settle",
         },
     )
     event_types = ma.fields.List(
         event_type_field(),
         required=True,
         validate=ma.validate.Length(min=1, error="subscribe to at least one event type"),
-        metadata={"description": "Known event types; duplicates are dropped."},
+        metadata={
+            "description": "Known event types; duplicates are dropped.",
+            "example": ["deposit.credited"],
+        },
     )
 
 

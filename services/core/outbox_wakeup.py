@@ -1,0 +1,152 @@
+"""Waking the outbox relay after a commit, with `NOTIFY` sent outside the writer's transaction.
+
+PostgreSQL serialises the commits of transactions that sent `NOTIFY`: the sender
+takes a database-wide lock on the notification queue at commit and keeps it through
+the commit's WAL flush. With `NOTIFY` inside every request's transaction, no two
+API commits could share a flush (docs/PERFORMANCE.md has the figures). So a writer
+only marks its session (`request_wakeup`); after the
+commit, an `after_commit` callback pokes this process's `OutboxNotifier`, whose own
+thread sends `NOTIFY settle_outbox` on its own autocommit connection. Pokes that
+arrive while one `NOTIFY` is under way are covered by the next one: one `NOTIFY`
+per burst of commits, not one per commit.
+
+The wake-up is an optimisation of latency only: the relay polls as well, so a lost
+`NOTIFY` (notifier connection down, process killed between commit and poke) delays
+publication until the next poll and loses nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+import psycopg
+from sqlalchemy.orm import Session
+
+from shared.db import Database, after_commit, database_of
+
+log = logging.getLogger(__name__)
+
+#: The PostgreSQL channel the relay LISTENs on.
+NOTIFY_CHANNEL = "settle_outbox"
+#: Database attachment key of the notifier.
+ATTACHMENT = "settle.outbox_notifier"
+#: How long the notifier thread sleeps between checks of `close()` while idle.
+IDLE_WAIT_S = 1.0
+#: At most this long is spent at interpreter exit sending a wake-up still owed.
+EXIT_FLUSH_S = 1.0
+#: Pause after a failed NOTIFY before connecting again (the relay polls meanwhile).
+RETRY_PAUSE_S = 1.0
+CONNECT_TIMEOUT_S = 5
+
+
+def request_wakeup(session: Session) -> None:
+    """Wake the relay once this session's transaction commits (PostgreSQL; else no-op)."""
+    db = database_of(session)
+    if db is None or db.is_sqlite:
+        return
+    after_commit(session, db.attachment(ATTACHMENT, OutboxNotifier).poke)
+
+
+def _libpq_url(db: Database) -> str:
+    return db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class OutboxNotifier:
+    """A per-process thread sending coalesced `NOTIFY settle_outbox` on its own connection.
+
+    Started lazily by the first `poke` (no import-time side effects, and after a
+    gunicorn fork rather than before). A daemon, so it never holds the process up;
+    at interpreter exit a wake-up still owed is sent first (bounded by
+    `EXIT_FLUSH_S`), so a short-lived command's event is not left to the poll.
+    """
+
+    #: Shown in pg_stat_activity, so operators can tell these connections apart.
+    APPLICATION_NAME = "settle-outbox-notifier"
+
+    def __init__(self, db: Database, *, channel: str = NOTIFY_CHANNEL) -> None:
+        self._url = _libpq_url(db)
+        self._statement = f"NOTIFY {channel}"
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        #: A commit happened since the last NOTIFY was sent (set by poke, cleared by the thread).
+        self._owed = False
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        #: NOTIFY statements sent (a burst of pokes counts once).
+        self.sent = 0
+
+    def poke(self) -> None:
+        """Ask for a NOTIFY soon; cheap and non-blocking (called after each outbox commit)."""
+        if self._pid != os.getpid():
+            self._start()
+        self._owed = True
+        self._wake.set()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._closed.is_set() or self._pid == os.getpid():
+                return
+            # A forked child inherits this object but not the thread: it starts its own.
+            self._wake = threading.Event()
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name="outbox-notifier", daemon=True)
+            self._thread.start()
+            atexit.register(self.close, EXIT_FLUSH_S)
+
+    def close(self, timeout_s: float = EXIT_FLUSH_S) -> None:
+        """Send what is owed, then stop the thread (waiting at most `timeout_s`)."""
+        atexit.unregister(self.close)
+        self._closed.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while True:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+                if self._owed:
+                    # Cleared before sending: a commit landing meanwhile is owed another.
+                    self._owed = False
+                    conn = self._notify(conn)
+                if self._closed.is_set() and not self._owed:
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _notify(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
+        """Send one NOTIFY; the connection to keep (None after a failure).
+
+        A dead connection (server restarted, idle timeout) is replaced and the NOTIFY
+        sent again at once; if that fails too the wake-up is dropped, logged, and the
+        relay's poll picks the rows up.
+        """
+        for attempt in (1, 2):
+            try:
+                if conn is None:
+                    conn = psycopg.connect(
+                        self._url,
+                        autocommit=True,
+                        connect_timeout=CONNECT_TIMEOUT_S,
+                        application_name=self.APPLICATION_NAME,
+                    )
+                conn.execute(self._statement)
+                self.sent += 1
+                return conn
+            except psycopg.Error as err:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                if attempt == 2:
+                    log.warning("outbox NOTIFY failed (%s); the relay's poll covers it", err)
+                    self._closed.wait(RETRY_PAUSE_S)  # no hot loop while the server is down
+        return None

@@ -1,0 +1,93 @@
+"""Pooled connections the server ended are replaced on checkout, without a ping per checkout."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from shared.db import Database
+from tests.support.pipeline import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[Database]:
+    database = Database(pg_url, pool_size=2)
+    yield database
+    database.dispose()
+
+
+def _admin(pg_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    )
+
+
+def _backend_pids(db: Database, n: int) -> list[int]:
+    """Open `n` pooled connections at once (so the pool keeps n) and return their pids."""
+    pids: list[int] = []
+    barrier = threading.Barrier(n, timeout=10)
+
+    def use() -> None:
+        with db.transaction() as session:
+            pids.append(session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+            barrier.wait()
+
+    threads = [threading.Thread(target=use) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return pids
+
+
+def test_connections_killed_by_the_server_are_replaced_without_a_failed_request(
+    db: Database, pg_url: str
+) -> None:
+    # Given a pool holding two idle connections
+    old = _backend_pids(db, 2)
+    assert len(set(old)) == 2
+    # When the server ends both (what a restart or pg_terminate_backend does)
+    with _admin(pg_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (old,))
+        wait_until(
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (old,)
+                ).fetchone()
+            ),
+            5,
+            "the backends to exit",
+        )
+    # Then the next requests succeed, on fresh connections
+    for _ in range(3):
+        with db.transaction() as session:
+            pid = session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        assert pid not in old
+
+
+def test_a_healthy_checkout_sends_no_ping(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a warm pool, and the dialect's ping counted
+    with db.transaction() as session:
+        session.execute(sa.text("SELECT 1"))
+    dialect = db.engine.dialect
+    pings: list[object] = []
+    ping = dialect.do_ping
+
+    def counted(dbapi_conn: Any) -> bool:
+        pings.append(dbapi_conn)
+        return ping(dbapi_conn)
+
+    monkeypatch.setattr(dialect, "do_ping", counted)
+    # When connections are checked out 50 times
+    for _ in range(50):
+        with db.transaction() as session:
+            session.execute(sa.text("SELECT 1"))
+    # Then no round trip was spent on pings (pool_pre_ping would have sent 50)
+    assert pings == []

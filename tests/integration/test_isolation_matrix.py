@@ -1,0 +1,550 @@
+"""Every route of both services, classified: who may call it and what another tenant sees.
+
+The table ROUTES names each (service, method, rule) of the apps' url_maps, so a
+new route fails `test_every_route_is_classified` until someone decides its auth,
+scope and isolation here. For each route:
+
+- without credentials: 401 unauthorized (public routes excepted);
+- an API-key route: a key with every scope but the route's is 403
+  insufficient_scope, a key with only that scope passes; a session cookie alone is
+  401;
+- a session route: an API key alone is 401; a member of another tenant gets 404
+  for that tenant's id;
+- tenant B with a full-scope key asks for tenant A's objects (policy, account,
+  deposit, webhook endpoint, delivery): 404 for ids, empty lists, its own
+  singleton; and A's objects are exactly as they were afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from werkzeug.test import TestResponse
+
+from services.notifier.context import NotifierContext
+from shared.db import Database
+from shared.identity import service as identity
+from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
+from shared.identity.models import SCOPES
+from shared.timefmt import iso_ms, utcnow
+from tests.conftest import TenantKeys, make_tenant
+from tests.integration.conftest import (
+    PASSWORD,
+    USDC_POLYGON,
+    WALLET_2,
+    assert_error,
+    destination,
+)
+from tests.integration.notifier_fixtures import (  # noqa: F401 (fixtures, used by name)
+    PUBLIC_URL,
+    EnqueueRecorder,
+    notifier_app_fixture,
+    notifier_context_fixture,
+)
+
+pytestmark = pytest.mark.integration
+
+CORE, NOTIFIER = "core", "notifier"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one route is reached, and what tenant B must see of tenant A through it.
+
+    `url` and `body` are filled from the World (`{account}`, `{deposit}`, ...).
+    `isolation`: "not_found" (A's id answers 404), "empty:<key>" (B's list under
+    <key> is empty), "own" (B reads or writes its own singleton or new object),
+    "none" (no tenant objects: fee quotes, B's own session).
+    """
+
+    auth: str  # "public", "key" or "session"
+    url: str
+    scope: str | None = None
+    min_role: str | None = None
+    body: dict[str, Any] | None = None
+    isolation: str = "none"
+
+
+NEW_DESTINATION = destination(137, WALLET_2, USDC_POLYGON)
+HOOK = {"name": "B's hook", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
+
+#: Every route of both apps. Keys are (service, method, werkzeug rule).
+ROUTES: dict[tuple[str, str, str], Route] = {
+    # -- core: public
+    (CORE, "GET", "/v1/openapi.json"): Route("public", "/v1/openapi.json"),
+    (CORE, "GET", "/v1/chains"): Route("public", "/v1/chains"),
+    (CORE, "GET", "/v1/status"): Route("public", "/v1/status"),
+    (CORE, "POST", "/v1/sessions"): Route("public", "/v1/sessions", body={}),
+    # -- core: API key
+    (CORE, "GET", "/v1/destination-policy"): Route(
+        "key", "/v1/destination-policy", "destination_policy:read", isolation="own"
+    ),
+    (CORE, "PUT", "/v1/destination-policy"): Route(
+        "key",
+        "/v1/destination-policy",
+        "destination_policy:write",
+        body={"destination": NEW_DESTINATION},
+        isolation="own",
+    ),
+    (CORE, "GET", "/v1/deposit-accounts"): Route(
+        "key", "/v1/deposit-accounts", "deposit_accounts:read", isolation="empty:depositAccounts"
+    ),
+    (CORE, "POST", "/v1/deposit-accounts"): Route(
+        "key",
+        "/v1/deposit-accounts",
+        "deposit_accounts:write",
+        # A's externalUserId: B gets an account of its own, never account_exists.
+        body={"externalUserId": "{account}", "destination": NEW_DESTINATION},
+        isolation="own",
+    ),
+    (CORE, "GET", "/v1/deposit-accounts/<path:externalUserId>"): Route(
+        "key", "/v1/deposit-accounts/{account}", "deposit_accounts:read", isolation="not_found"
+    ),
+    (CORE, "PATCH", "/v1/deposit-accounts/<path:externalUserId>/destination"): Route(
+        "key",
+        "/v1/deposit-accounts/{account}/destination",
+        "deposit_accounts:write",
+        body={"destination": NEW_DESTINATION},
+        isolation="not_found",
+    ),
+    (CORE, "POST", "/v1/fee-preview"): Route(
+        "key", "/v1/fee-preview", "fees:read", body={"amount": "100"}
+    ),
+    (CORE, "GET", "/v1/deposits"): Route(
+        "key", "/v1/deposits?externalUserId={account}", "deposits:read", isolation="empty:deposits"
+    ),
+    (CORE, "GET", "/v1/deposits/<string:depositId>"): Route(
+        "key", "/v1/deposits/{deposit}", "deposits:read", isolation="not_found"
+    ),
+    (CORE, "POST", "/v1/sandbox/deposits"): Route(
+        "key",
+        "/v1/sandbox/deposits",
+        "sandbox:write",
+        # A's deposit address: not B's, so 404.
+        body={
+            "depositAddress": "{address}",
+            "chainId": "{chain}",
+            "asset": "USDC",
+            "amount": "10",
+        },
+        isolation="not_found",
+    ),
+    # -- core: portal session
+    (CORE, "GET", "/v1/tenants/<tenantId>/destination-policy"): Route(
+        "session", "/v1/tenants/{tenant}/destination-policy", min_role="viewer"
+    ),
+    (CORE, "PUT", "/v1/tenants/<tenantId>/destination-policy"): Route(
+        "session",
+        "/v1/tenants/{tenant}/destination-policy",
+        min_role="developer",
+        body={"destination": NEW_DESTINATION},
+    ),
+    (CORE, "GET", "/v1/sessions/current"): Route(
+        "session", "/v1/sessions/current", min_role="viewer"
+    ),
+    (CORE, "DELETE", "/v1/sessions/current"): Route(
+        "session", "/v1/sessions/current", min_role="viewer"
+    ),
+    # -- notifier: public
+    (NOTIFIER, "GET", "/v1/notifier/openapi.json"): Route("public", "/v1/notifier/openapi.json"),
+    (NOTIFIER, "GET", "/v1/notifier/status"): Route("public", "/v1/notifier/status"),
+    # -- notifier: API key
+    (NOTIFIER, "GET", "/v1/webhook-endpoints"): Route(
+        "key", "/v1/webhook-endpoints", "webhooks:read", isolation="empty:webhookEndpoints"
+    ),
+    (NOTIFIER, "POST", "/v1/webhook-endpoints"): Route(
+        "key", "/v1/webhook-endpoints", "webhooks:write", body=HOOK, isolation="own"
+    ),
+    (NOTIFIER, "GET", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+        "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:read", isolation="not_found"
+    ),
+    (NOTIFIER, "PATCH", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+        "key",
+        "/v1/webhook-endpoints/{endpoint}",
+        "webhooks:write",
+        body={"status": "disabled"},
+        isolation="not_found",
+    ),
+    (NOTIFIER, "DELETE", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+        "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:write", isolation="not_found"
+    ),
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/rotate-secret"): Route(
+        "key",
+        "/v1/webhook-endpoints/{endpoint}/rotate-secret",
+        "webhooks:write",
+        body={},
+        isolation="not_found",
+    ),
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/test"): Route(
+        "key", "/v1/webhook-endpoints/{endpoint}/test", "webhooks:write", isolation="not_found"
+    ),
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/recover"): Route(
+        "key",
+        "/v1/webhook-endpoints/{endpoint}/recover",
+        "webhooks:write",
+        body={"since": "{recent}"},
+        isolation="not_found",
+    ),
+    (NOTIFIER, "GET", "/v1/webhook-deliveries"): Route(
+        "key",
+        "/v1/webhook-deliveries?endpointId={endpoint}",
+        "webhooks:read",
+        isolation="empty:webhookDeliveries",
+    ),
+    (NOTIFIER, "GET", "/v1/webhook-deliveries/<delivery_id>"): Route(
+        "key", "/v1/webhook-deliveries/{delivery}", "webhooks:read", isolation="not_found"
+    ),
+    (NOTIFIER, "POST", "/v1/webhook-deliveries/<delivery_id>/replay"): Route(
+        "key",
+        "/v1/webhook-deliveries/{delivery}/replay",
+        "webhooks:write",
+        isolation="not_found",
+    ),
+}
+
+KEY_ROUTES = [key for key, route in ROUTES.items() if route.auth == "key"]
+SESSION_ROUTES = [key for key, route in ROUTES.items() if route.auth == "session"]
+PUBLIC_ROUTES = [key for key, route in ROUTES.items() if route.auth == "public"]
+#: Session routes that take the tenant id in the path.
+TENANT_ROUTES = [key for key in SESSION_ROUTES if "<tenantId>" in key[2]]
+
+
+def _id(key: tuple[str, str, str]) -> str:
+    return f"{key[0]} {key[1]} {key[2]}"
+
+
+# -- the world: tenant A's objects, tenant B, members -------------------------------
+
+
+@dataclass
+class World:
+    a: TenantKeys
+    values: dict[str, str]
+    #: Members' emails: A's viewer and owner, B's owner.
+    emails: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def notifier_enqueue(notifier_context: NotifierContext) -> Iterator[EnqueueRecorder]:
+    """Deliveries made by these tests are recorded, never sent."""
+    recorder = EnqueueRecorder()
+    previous = notifier_context.enqueue
+    notifier_context.enqueue = recorder
+    yield recorder
+    notifier_context.enqueue = previous
+
+
+@pytest.fixture(scope="module")
+def world(
+    core_app: Flask, notifier_app: Flask, pg_db: Database, notifier_enqueue: EnqueueRecorder
+) -> World:
+    """Tenant A with a policy, an account, a sandbox deposit, an endpoint and a delivery."""
+    a, b = make_tenant(pg_db, sandbox=True), make_tenant(pg_db, sandbox=True)
+    # B's member belongs to a tenant of its own; B's API-key requests come from a fresh
+    # tenant per test (tenant_b), so no test sees objects another made.
+    core, notifier = core_app.test_client(), notifier_app.test_client()
+    ok(core.put("/v1/destination-policy", json={"destination": destination()}, headers=a.headers))
+    account_id = f"user/{uuid.uuid4().hex[:8]} é"  # "/", " " and "é" travel URL-encoded
+    account = ok(
+        core.post("/v1/deposit-accounts", json={"externalUserId": account_id}, headers=a.headers)
+    )["depositAccount"]
+    address = account["depositAddresses"][0]
+    deposit = ok(
+        core.post(
+            "/v1/sandbox/deposits",
+            json={
+                "depositAddress": address["address"],
+                "chainId": address["chainId"],
+                "asset": "USDC",
+                "amount": "125.50",
+            },
+            headers=a.headers,
+        )
+    )["deposit"]
+    hook = {"name": "A's hook", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
+    endpoint = ok(notifier.post("/v1/webhook-endpoints", json=hook, headers=a.headers))
+    endpoint_id = endpoint["webhookEndpoint"]["id"]
+    delivery = ok(notifier.post(f"/v1/webhook-endpoints/{endpoint_id}/test", headers=a.headers))
+    emails = {
+        name: f"{name}-{uuid.uuid4().hex[:10]}@example.com" for name in ("a_viewer", "a", "b")
+    }
+    with pg_db.transaction() as session:
+        identity.add_member(session, a.tenant_id, emails["a_viewer"], "viewer", PASSWORD)
+        identity.add_member(session, a.tenant_id, emails["a"], "owner", PASSWORD)
+        identity.add_member(session, b.tenant_id, emails["b"], "owner", PASSWORD)
+    values = {
+        "tenant": a.tenant_id,
+        "account": quote(account_id, safe=""),
+        "account_raw": account_id,
+        "deposit": deposit["id"],
+        "address": address["address"],
+        "chain": str(address["chainId"]),
+        "endpoint": endpoint_id,
+        "delivery": delivery["webhookDelivery"]["id"],
+        "recent": iso_ms(utcnow() - timedelta(days=1)),
+    }
+    return World(a, values, emails)
+
+
+@pytest.fixture
+def tenant_b(pg_db: Database) -> TenantKeys:
+    """Tenant B: a fresh sandbox tenant with a full-scope key, nothing of its own yet."""
+    return make_tenant(pg_db, sandbox=True)
+
+
+def ok(response: TestResponse) -> dict[str, Any]:
+    assert response.status_code == 200, (response.status_code, response.get_json())
+    body: dict[str, Any] = response.get_json()
+    return body
+
+
+def client_for(key: tuple[str, str, str], core_app: Flask, notifier_app: Flask) -> FlaskClient:
+    return (core_app if key[0] == CORE else notifier_app).test_client()
+
+
+def send(
+    client: FlaskClient,
+    key: tuple[str, str, str],
+    world: World,
+    headers: dict[str, str] | None = None,
+) -> TestResponse:
+    """The route's request, filled with A's objects."""
+    route = ROUTES[key]
+    url = route.url.format(**world.values)
+    body = None
+    if route.body is not None:
+        body = {
+            name: _fill(value, world) if isinstance(value, str) else value
+            for name, value in route.body.items()
+        }
+    return client.open(url, method=key[1], json=body, headers=headers or {})
+
+
+def _fill(value: str, world: World) -> Any:
+    if value == "{chain}":
+        return int(world.values["chain"])
+    if value == "{account}":
+        return world.values["account_raw"]
+    return value.format(**world.values)
+
+
+def sign_in(client: FlaskClient, email: str) -> dict[str, str]:
+    """Sign `client` in (it keeps the cookie); the CSRF header for unsafe requests."""
+    session = ok(client.post("/v1/sessions", json={"email": email, "password": PASSWORD}))
+    return {CSRF_HEADER: session["session"]["csrfToken"]}
+
+
+def snapshot(core_app: Flask, notifier_app: Flask, world: World) -> dict[str, Any]:
+    """What tenant A sees of its objects (endpoint `updatedAt` included)."""
+    core, notifier, headers = core_app.test_client(), notifier_app.test_client(), world.a.headers
+    values = world.values
+    return {
+        "policy": ok(core.get("/v1/destination-policy", headers=headers)),
+        "accounts": ok(core.get("/v1/deposit-accounts", headers=headers)),
+        "deposits": ok(core.get("/v1/deposits", headers=headers)),
+        "endpoint": ok(
+            notifier.get(f"/v1/webhook-endpoints/{values['endpoint']}", headers=headers)
+        ),
+        "deliveries": ok(notifier.get("/v1/webhook-deliveries", headers=headers)),
+    }
+
+
+# -- classification -----------------------------------------------------------------
+
+
+def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None:
+    # Given both apps' url_maps
+    served = {
+        (service, method, rule.rule)
+        for service, app in ((CORE, core_app), (NOTIFIER, notifier_app))
+        for rule in app.url_map.iter_rules()
+        for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}
+    }
+    # Then the table names exactly these routes (a new one must be classified here)
+    assert served - set(ROUTES) == set(), "routes missing from ROUTES"
+    assert set(ROUTES) - served == set(), "ROUTES names routes the apps do not serve"
+    # And every API-key route names a known scope; the public ones are the agreed few
+    for key in KEY_ROUTES:
+        assert ROUTES[key].scope in SCOPES, key
+    assert {(method, rule) for _, method, rule in PUBLIC_ROUTES} == {
+        ("GET", "/v1/chains"),
+        ("GET", "/v1/status"),
+        ("GET", "/v1/notifier/status"),
+        ("GET", "/v1/openapi.json"),
+        ("GET", "/v1/notifier/openapi.json"),
+        ("POST", "/v1/sessions"),
+    }
+
+
+# -- authentication and scopes ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", KEY_ROUTES + SESSION_ROUTES, ids=_id)
+def test_without_credentials_a_private_route_is_401(
+    key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
+) -> None:
+    # When the route is called with no key and no session
+    response = send(client_for(key, core_app, notifier_app), key, world)
+    # Then 401 unauthorized
+    assert_error(response, 401, "unauthorized")
+
+
+@pytest.mark.parametrize("key", PUBLIC_ROUTES, ids=_id)
+def test_a_public_route_needs_no_credentials(
+    key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
+) -> None:
+    # When a public route is called with no credentials
+    response = send(client_for(key, core_app, notifier_app), key, world)
+    # Then it answers (sign-in with an empty body: 400 naming the fields), never 401
+    expected = 400 if key[2] == "/v1/sessions" else 200
+    assert response.status_code == expected, response.get_json()
+
+
+@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
+def test_a_key_without_the_routes_scope_is_403_and_with_it_passes(
+    key: tuple[str, str, str],
+    core_app: Flask,
+    notifier_app: Flask,
+    world: World,
+    tenant_b: TenantKeys,
+) -> None:
+    scope = ROUTES[key].scope
+    client = client_for(key, core_app, notifier_app)
+    # Given tenant B's key with every scope but the route's
+    others = tenant_b.key_with(*[s for s in SCOPES if s != scope])
+    # When it calls the route, Then 403 insufficient_scope naming the scope
+    body = assert_error(send(client, key, world, others), 403, "insufficient_scope")
+    assert str(scope) in body["error"]
+    # And a key with only that scope gets past authorization
+    only = tenant_b.key_with(str(scope))
+    assert send(client, key, world, only).status_code not in (401, 403)
+
+
+@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
+def test_a_session_cookie_alone_does_not_open_an_api_key_route(
+    key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
+) -> None:
+    # Given a signed-in owner of tenant A (cookie and CSRF token, no API key)
+    client = client_for(key, core_app, notifier_app)
+    signed_in = core_app.test_client()
+    csrf = sign_in(signed_in, world.emails["a"])
+    cookie = signed_in.get_cookie(SESSION_COOKIE, path="/v1")
+    assert cookie is not None
+    client.set_cookie(SESSION_COOKIE, cookie.value, path="/v1")
+    # When it calls an API-key route, Then 401
+    assert_error(send(client, key, world, csrf), 401, "unauthorized")
+
+
+@pytest.mark.parametrize("key", SESSION_ROUTES, ids=_id)
+def test_an_api_key_alone_does_not_open_a_session_route(
+    key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
+) -> None:
+    # When tenant A's full-scope key calls a portal route, Then 401
+    response = send(client_for(key, core_app, notifier_app), key, world, world.a.headers)
+    assert_error(response, 401, "unauthorized")
+
+
+def test_roles_and_csrf_guard_the_session_routes(core_app: Flask, world: World) -> None:
+    # Given A's viewer, signed in
+    viewer = core_app.test_client()
+    csrf = sign_in(viewer, world.emails["a_viewer"])
+    for key in SESSION_ROUTES:
+        route = ROUTES[key]
+        # When the viewer calls a route that needs a higher role, Then 403 forbidden
+        if route.min_role != "viewer":
+            assert_error(send(viewer, key, world, csrf), 403, "forbidden")
+    # And an unsafe request without the CSRF header is 403 forbidden, even for the owner
+    owner = core_app.test_client()
+    sign_in(owner, world.emails["a"])
+    for key in SESSION_ROUTES:
+        if key[1] != "GET":
+            assert_error(send(owner, key, world), 403, "forbidden")
+
+
+# -- isolation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
+def test_tenant_b_never_reaches_tenant_a_objects(
+    key: tuple[str, str, str],
+    core_app: Flask,
+    notifier_app: Flask,
+    world: World,
+    tenant_b: TenantKeys,
+) -> None:
+    route = ROUTES[key]
+    before = snapshot(core_app, notifier_app, world)
+    # When tenant B, with a full-scope key, asks the route about A's objects
+    response = send(client_for(key, core_app, notifier_app), key, world, tenant_b.headers)
+    # Then A's ids answer exactly as ids that do not exist, and lists show nothing of A
+    if route.isolation == "not_found":
+        assert_error(response, 404, "not_found")
+    elif route.isolation.startswith("empty:"):
+        listed = ok(response)[route.isolation.partition(":")[2]]
+        assert listed == [], listed
+    elif route.isolation == "own":
+        body = ok(response)
+        text = str(body)
+        assert world.a.tenant_id not in text and world.values["endpoint"] not in text
+        if key[2] == "/v1/destination-policy":
+            # B's own (B has none to read; B's write makes B's), never A's
+            policy = body["destinationPolicy"]
+            assert (policy is None) == (key[1] == "GET")
+            assert policy is None or policy["tenantId"] == tenant_b.tenant_id
+    else:
+        assert response.status_code == 200, response.get_json()
+    # And nothing of A changed
+    assert snapshot(core_app, notifier_app, world) == before
+
+
+@pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)
+def test_a_member_of_b_reaches_nothing_of_a(
+    key: tuple[str, str, str], core_app: Flask, world: World
+) -> None:
+    # Given B's owner, signed in
+    client = core_app.test_client()
+    csrf = sign_in(client, world.emails["b"])
+    # When the member asks for tenant A's destination policy by A's tenant id
+    response = send(client, key, world, csrf)
+    # Then 404, exactly as for a tenant that does not exist
+    assert_error(response, 404, "not_found")
+    # And A's own member reads it (the 404 is isolation, not a wrong URL)
+    own = core_app.test_client()
+    sign_in(own, world.emails["a"])
+    assert own.get(ROUTES[key].url.format(**world.values)).status_code == 200
+
+
+def test_b_session_shows_b_only(core_app: Flask, world: World) -> None:
+    # Given B's owner, signed in
+    client = core_app.test_client()
+    sign_in(client, world.emails["b"])
+    # When it reads the current session, Then it is B's
+    session = ok(client.get("/v1/sessions/current"))["session"]
+    assert session["tenantId"] != world.a.tenant_id
+    assert session["email"] == world.emails["b"]
+
+
+def test_the_world_is_what_b_is_denied(core_app: Flask, notifier_app: Flask, world: World) -> None:
+    # Given A's own key, Then every object B was refused exists for A (the 404s above
+    # are isolation, not typos in the table)
+    core, notifier, headers = core_app.test_client(), notifier_app.test_client(), world.a.headers
+    values = world.values
+    ok(core.get(f"/v1/deposit-accounts/{values['account']}", headers=headers))
+    ok(core.get(f"/v1/deposits/{values['deposit']}", headers=headers))
+    ok(core.get(f"/v1/deposits?externalUserId={values['account']}", headers=headers))
+    ok(notifier.get(f"/v1/webhook-endpoints/{values['endpoint']}", headers=headers))
+    ok(notifier.get(f"/v1/webhook-deliveries/{values['delivery']}", headers=headers))
+    listed = ok(
+        notifier.get(f"/v1/webhook-deliveries?endpointId={values['endpoint']}", headers=headers)
+    )
+    assert [d["id"] for d in listed["webhookDeliveries"]] == [values["delivery"]]
+    policy = ok(core.get("/v1/destination-policy", headers=headers))["destinationPolicy"]
+    assert policy["destination"] == destination()
