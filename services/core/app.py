@@ -10,6 +10,7 @@ from shared import ratelimit
 from shared.api import make_api
 from shared.idempotency import APP_DB
 from shared.identity.auth import IDENTITY_DB
+from shared.metrics import metrics_blueprint
 
 VERSION = "0.1.0"
 
@@ -38,5 +39,9 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
 
     for module in (chains, status, policy, accounts, fee_preview, sessions, deposits, sandbox):
         api.register_blueprint(module.blp)
+    # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
+    from services.core.relay import api_metrics_registry
+
+    app.register_blueprint(metrics_blueprint(api_metrics_registry(context.db)))
     ratelimit.install(app, context.config.rate_limits)
     return app

@@ -31,16 +31,31 @@ class Task:
 
 def core_tasks(ctx: CoreContext) -> list[Task]:
     """The loops of a core worker process, built from the context."""
+    from prometheus_client import CollectorRegistry
+
     from services.core.deposits.worker import run_pipeline
     from services.core.fee_oracle import run_fee_oracle
-    from services.core.relay import relay_publisher_factory, run_relay
+    from services.core.relay import (
+        OutboxCollector,
+        RelayMetrics,
+        relay_publisher_factory,
+        run_relay,
+    )
+    from shared.metrics import metrics_port, serve_metrics
 
     if not ctx.config.amqp_url:
         raise SettingsError("settle core worker needs SETTLE_AMQP_URL (settle dev embeds a broker)")
     publisher_factory = relay_publisher_factory(ctx.config)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(OutboxCollector(ctx.db))
+    relay_metrics = RelayMetrics(registry)
+    serve_metrics(registry, metrics_port())  # SETTLE_METRICS_PORT; nothing when unset
     return [
         Task("fee-oracle", lambda stop: run_fee_oracle(ctx, stop)),
-        Task("outbox-relay", lambda stop: run_relay(ctx.db, publisher_factory, stop)),
+        Task(
+            "outbox-relay",
+            lambda stop: run_relay(ctx.db, publisher_factory, stop, metrics=relay_metrics),
+        ),
         Task("deposit-pipeline", lambda stop: run_pipeline(ctx, stop)),
     ]
 

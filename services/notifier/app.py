@@ -10,6 +10,7 @@ from shared import ratelimit
 from shared.api import make_api
 from shared.idempotency import APP_DB
 from shared.identity.auth import IDENTITY_DB
+from shared.metrics import metrics_blueprint
 
 
 def create_app(
@@ -34,5 +35,9 @@ def create_app(
     )
     for module in (endpoints, deliveries, status):
         api.register_blueprint(module.blp)
+    # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
+    from services.notifier.metrics import api_metrics_registry
+
+    app.register_blueprint(metrics_blueprint(api_metrics_registry(context.db)))
     ratelimit.install(app, context.config.rate_limits)
     return app

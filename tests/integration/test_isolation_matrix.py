@@ -83,6 +83,8 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "GET", "/v1/chains"): Route("public", "/v1/chains"),
     (CORE, "GET", "/v1/status"): Route("public", "/v1/status"),
     (CORE, "POST", "/v1/sessions"): Route("public", "/v1/sessions", body={}),
+    # Ops scrape /metrics on the service port; the ingress does not route it.
+    (CORE, "GET", "/metrics"): Route("public", "/metrics"),
     # -- core: API key
     (CORE, "GET", "/v1/destination-policy"): Route(
         "key", "/v1/destination-policy", "destination_policy:read", isolation="own"
@@ -156,6 +158,7 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     # -- notifier: public
     (NOTIFIER, "GET", "/v1/notifier/openapi.json"): Route("public", "/v1/notifier/openapi.json"),
     (NOTIFIER, "GET", "/v1/notifier/status"): Route("public", "/v1/notifier/status"),
+    (NOTIFIER, "GET", "/metrics"): Route("public", "/metrics"),
     # -- notifier: API key
     (NOTIFIER, "GET", "/v1/webhook-endpoints"): Route(
         "key", "/v1/webhook-endpoints", "webhooks:read", isolation="empty:webhookEndpoints"
@@ -381,6 +384,7 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
         ("GET", "/v1/openapi.json"),
         ("GET", "/v1/notifier/openapi.json"),
         ("POST", "/v1/sessions"),
+        ("GET", "/metrics"),
     }
 
 
