@@ -28,7 +28,7 @@ class InventorySeed:
 @dataclass(frozen=True)
 class PipelineSettings:
     #: Seconds per simulated block of sandbox deposits (0: confirmed at once).
-    sandbox_block_s: float = 0.2
+    sandbox_block_s: float = 0.05
     #: Blocks the watcher stays behind the node's head when scanning.
     watcher_lag_blocks: int = 1
     #: Most blocks per eth_getLogs call.
@@ -71,7 +71,7 @@ class PipelineSettings:
         env = environ() if env is None else env
         dev = (env_str(env, "SETTLE_ENV", "dev") or "dev") == "dev"
         return cls(
-            sandbox_block_s=_non_negative(env, "SETTLE_SANDBOX_BLOCK_S", 0.2),
+            sandbox_block_s=_non_negative(env, "SETTLE_SANDBOX_BLOCK_S", 0.05),
             watcher_lag_blocks=env_int(env, "SETTLE_WATCHER_LAG_BLOCKS", 1),
             watcher_max_range=max(1, env_int(env, "SETTLE_WATCHER_MAX_RANGE", 500)),
             watcher_address_batch=max(1, env_int(env, "SETTLE_WATCHER_ADDRESS_BATCH", 1000)),
