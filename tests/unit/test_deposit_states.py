@@ -116,7 +116,7 @@ def test_token_amount_rounds_down_to_the_tokens_decimals() -> None:
 
 def test_settings_parse_with_defaults_and_reject_nonsense() -> None:
     defaults = PipelineSettings.from_env({})
-    assert defaults.sandbox_block_s == 0.2 and defaults.simulated_settlement
+    assert defaults.sandbox_block_s == 0.05 and defaults.simulated_settlement
     assert not PipelineSettings.from_env({"SETTLE_ENV": "production"}).simulated_settlement
     seeds = parse_inventory("8453:USDC=250000@10000, 1:USDT=500")
     assert [(s.chain_id, s.asset, s.balance, s.low_threshold) for s in seeds] == [
