@@ -35,6 +35,7 @@ from bip_utils import Bip32Secp256k1
 from bench.harness import (
     ROOT,
     cpu_seconds,
+    drop_database,
     free_port,
     fresh_database,
     group_pids,
@@ -90,8 +91,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
+    # A database of this run's own, so two runs at once cannot drop each other's.
+    name = f"settle_bench_core_{os.getpid()}"
+    url = fresh_database(name)
+    try:
+        return run(args, url)
+    finally:
+        drop_database(name)
 
-    url = fresh_database("settle_bench_core")
+
+def run(args: argparse.Namespace, url: str) -> int:
+    """Seed a tenant, start both servers, measure, print."""
     db = Database(url, pool_size=1)
     with db.transaction() as session:
         tenant, issued = identity.create_tenant(session, "bench")
@@ -273,6 +283,7 @@ def summarise(rounds: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, 
             "postgres_cpu_ms": round(statistics.median(r["postgres_cpu_ms"] for r in runs), 3),
             "host_busy_ms": round(statistics.median(r["host_busy_ms"] for r in runs), 3),
             "other_cpu_ms_per_round": [round(r["other_cpu_ms"], 3) for r in runs],
+            "rounds": runs,
         }
     return out
 

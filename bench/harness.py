@@ -184,3 +184,9 @@ def postgres_backend_pids(url: str) -> list[int]:
             (name,),
         ).fetchall()
     return [int(row[0]) for row in rows]
+
+
+def drop_database(name: str) -> None:
+    """Drop a database `fresh_database` made (its connections are closed first)."""
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
