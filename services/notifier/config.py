@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,13 @@ class NotifierConfig:
     retry_after_max_s: float = 3600.0
     #: The sweeper re-enqueues due deliveries whose lease lapsed, every this often.
     sweep_interval_s: float = 5.0
-    #: Consumer prefetch (unacked messages in flight).
+    #: How overdue a delivery must be before the sweeper re-sends it.
+    sweep_grace_s: float = 30.0
+    #: Most deliveries the sweeper re-sends per round.
+    sweep_batch: int = 500
+    #: A worker's lease on a delivery = the sender's longest attempt + this.
+    lease_margin_s: float = 5.0
+    #: Consumer prefetch (unacked domain events in flight; it also bounds a batch).
     prefetch: int = 64
     worker_threads: int = 16
     #: Live (not deleted) webhook endpoints a tenant may have.
@@ -95,5 +102,32 @@ class NotifierConfig:
             # Each worker thread holds a connection while its POST is in flight.
             db_pool_size=max(10, worker_threads + 4),
             max_endpoints_per_tenant=env_int(env, "SETTLE_WEBHOOK_MAX_ENDPOINTS", 20),
+            # Engine knobs (sweeper, lease, consumer); EngineSettings derives from these.
+            sweep_interval_s=_seconds(env, "SETTLE_WEBHOOK_SWEEP_INTERVAL_S", 5.0, zero_ok=False),
+            sweep_grace_s=_seconds(env, "SETTLE_WEBHOOK_SWEEP_GRACE_S", 30.0, zero_ok=True),
+            sweep_batch=_count(env, "SETTLE_WEBHOOK_SWEEP_BATCH", 500),
+            lease_margin_s=_seconds(env, "SETTLE_WEBHOOK_LEASE_MARGIN_S", 5.0, zero_ok=True),
+            prefetch=_count(env, "SETTLE_NOTIFIER_PREFETCH", 64),
             rate_limits=RateLimitConfig.from_env(env),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool) -> float:
+    """A finite, non-negative number of seconds; `zero_ok=False` also refuses 0.
+
+    Why: a zero sweep interval would spin the sweeper, and NaN or a negative lease
+    margin would make every lease expire at once.
+    """
+    value = env_float(env, name, default)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = "0 or more" if zero_ok else "more than 0"
+        raise SettingsError(f"{name} must be a number of seconds, {bound}, got {env.get(name)!r}")
+    return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 1 (a prefetch of 0 means unlimited to RabbitMQ)."""
+    value = env_int(env, name, default)
+    if value < 1:
+        raise SettingsError(f"{name} must be a whole number of at least 1, got {env.get(name)!r}")
+    return value

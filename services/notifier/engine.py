@@ -25,7 +25,7 @@ from services.notifier.context import NotifierContext
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.sender import Sender
 from shared.bus import BusNames, InProcessBus
-from shared.settings import env_float, env_int, environ
+from shared.settings import environ
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ STOP_TIMEOUT_S = 15.0
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine knobs read from the environment (beyond NotifierConfig)."""
+    """Engine knobs: the values come from NotifierConfig, the bus names from the environment."""
 
     names: BusNames = field(default_factory=BusNames)
     #: Sweeper: how often, how overdue a delivery must be, how many per round.
@@ -50,18 +50,19 @@ class EngineSettings:
     def from_env(
         cls, config: NotifierConfig, env: Mapping[str, str] | None = None
     ) -> EngineSettings:
+        """Settings for `config`; only the bus names are read from `env`.
+
+        Every knob is read and validated once, by NotifierConfig.from_env, so a process
+        and its config never disagree about them.
+        """
         env = environ() if env is None else env
         return cls(
             names=BusNames.from_env(env),
-            sweep_interval_s=env_float(
-                env, "SETTLE_WEBHOOK_SWEEP_INTERVAL_S", config.sweep_interval_s
-            ),
-            sweep_grace_s=env_float(env, "SETTLE_WEBHOOK_SWEEP_GRACE_S", 30.0),
-            sweep_batch=env_int(env, "SETTLE_WEBHOOK_SWEEP_BATCH", 500),
-            prefetch=env_int(env, "SETTLE_NOTIFIER_PREFETCH", config.prefetch),
-            tuning=DeliveryTuning(
-                lease_margin_s=env_float(env, "SETTLE_WEBHOOK_LEASE_MARGIN_S", 5.0),
-            ),
+            sweep_interval_s=config.sweep_interval_s,
+            sweep_grace_s=config.sweep_grace_s,
+            sweep_batch=config.sweep_batch,
+            prefetch=config.prefetch,
+            tuning=DeliveryTuning(lease_margin_s=config.lease_margin_s),
         )
 
 

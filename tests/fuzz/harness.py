@@ -28,8 +28,11 @@ import pytest
 import schemathesis
 from flask import Flask
 from schemathesis.engine import events, from_schema
+from schemathesis.generation.meta import TestPhase
 
 from shared.db import Database
+from shared.idempotency import HEADER as IDEMPOTENCY_HEADER
+from shared.idempotency import MAX_KEY_LENGTH
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
 from tests.conftest import TenantKeys
@@ -134,6 +137,26 @@ def register_checks() -> None:
     """Register our checks with schemathesis (idempotent)."""
     schemathesis.check(status_code_listed)
     schemathesis.check(error_shape)
+
+
+@schemathesis.hook
+def before_call(
+    context: schemathesis.HookContext, case: schemathesis.Case, kwargs: dict[str, Any]
+) -> None:
+    """Stateful sequences: a fresh value for every usable Idempotency-Key.
+
+    Why: the generator repeats small values (e.g. "23505") across scenarios, and the
+    same key with the same body is answered with the first response, as the interface
+    says, even if that resource was deleted since. Schemathesis' resource check would
+    then read the 404 of the next call as "created resource not found". Unusable keys
+    are kept (they must still give 400); the other phases keep every generated key.
+    """
+    meta = case.meta
+    key = (case.headers or {}).get(IDEMPOTENCY_HEADER)
+    if meta is None or meta.phase.name != TestPhase.STATEFUL or key is None:
+        return
+    if 1 <= len(key) <= MAX_KEY_LENGTH and key.isprintable():
+        case.headers[IDEMPOTENCY_HEADER] = uuid.uuid4().hex
 
 
 # -- credentials --------------------------------------------------------------------

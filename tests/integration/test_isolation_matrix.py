@@ -166,30 +166,30 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (NOTIFIER, "POST", "/v1/webhook-endpoints"): Route(
         "key", "/v1/webhook-endpoints", "webhooks:write", body=HOOK, isolation="own"
     ),
-    (NOTIFIER, "GET", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+    (NOTIFIER, "GET", "/v1/webhook-endpoints/<endpointId>"): Route(
         "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:read", isolation="not_found"
     ),
-    (NOTIFIER, "PATCH", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+    (NOTIFIER, "PATCH", "/v1/webhook-endpoints/<endpointId>"): Route(
         "key",
         "/v1/webhook-endpoints/{endpoint}",
         "webhooks:write",
         body={"status": "disabled"},
         isolation="not_found",
     ),
-    (NOTIFIER, "DELETE", "/v1/webhook-endpoints/<endpoint_id>"): Route(
+    (NOTIFIER, "DELETE", "/v1/webhook-endpoints/<endpointId>"): Route(
         "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:write", isolation="not_found"
     ),
-    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/rotate-secret"): Route(
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/rotate-secret"): Route(
         "key",
         "/v1/webhook-endpoints/{endpoint}/rotate-secret",
         "webhooks:write",
         body={},
         isolation="not_found",
     ),
-    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/test"): Route(
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/test"): Route(
         "key", "/v1/webhook-endpoints/{endpoint}/test", "webhooks:write", isolation="not_found"
     ),
-    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpoint_id>/recover"): Route(
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/recover"): Route(
         "key",
         "/v1/webhook-endpoints/{endpoint}/recover",
         "webhooks:write",
@@ -202,10 +202,10 @@ ROUTES: dict[tuple[str, str, str], Route] = {
         "webhooks:read",
         isolation="empty:webhookDeliveries",
     ),
-    (NOTIFIER, "GET", "/v1/webhook-deliveries/<delivery_id>"): Route(
+    (NOTIFIER, "GET", "/v1/webhook-deliveries/<deliveryId>"): Route(
         "key", "/v1/webhook-deliveries/{delivery}", "webhooks:read", isolation="not_found"
     ),
-    (NOTIFIER, "POST", "/v1/webhook-deliveries/<delivery_id>/replay"): Route(
+    (NOTIFIER, "POST", "/v1/webhook-deliveries/<deliveryId>/replay"): Route(
         "key",
         "/v1/webhook-deliveries/{delivery}/replay",
         "webhooks:write",

@@ -883,16 +883,29 @@ def test_status_and_openapi_are_public_and_complete(notifier_client: FlaskClient
     expected = {
         ("get", "/v1/webhook-endpoints"): "webhooks:read",
         ("post", "/v1/webhook-endpoints"): "webhooks:write",
-        ("get", "/v1/webhook-endpoints/{endpoint_id}"): "webhooks:read",
-        ("patch", "/v1/webhook-endpoints/{endpoint_id}"): "webhooks:write",
-        ("delete", "/v1/webhook-endpoints/{endpoint_id}"): "webhooks:write",
-        ("post", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"): "webhooks:write",
-        ("post", "/v1/webhook-endpoints/{endpoint_id}/test"): "webhooks:write",
-        ("post", "/v1/webhook-endpoints/{endpoint_id}/recover"): "webhooks:write",
+        ("get", "/v1/webhook-endpoints/{endpointId}"): "webhooks:read",
+        ("patch", "/v1/webhook-endpoints/{endpointId}"): "webhooks:write",
+        ("delete", "/v1/webhook-endpoints/{endpointId}"): "webhooks:write",
+        ("post", "/v1/webhook-endpoints/{endpointId}/rotate-secret"): "webhooks:write",
+        ("post", "/v1/webhook-endpoints/{endpointId}/test"): "webhooks:write",
+        ("post", "/v1/webhook-endpoints/{endpointId}/recover"): "webhooks:write",
         ("get", "/v1/webhook-deliveries"): "webhooks:read",
-        ("get", "/v1/webhook-deliveries/{delivery_id}"): "webhooks:read",
-        ("post", "/v1/webhook-deliveries/{delivery_id}/replay"): "webhooks:write",
+        ("get", "/v1/webhook-deliveries/{deliveryId}"): "webhooks:read",
+        ("post", "/v1/webhook-deliveries/{deliveryId}/replay"): "webhooks:write",
     }
+    # And the paths are exactly these: parameters named as in the interface
+    # (`:endpointId`, `:deliveryId`), camelCase like core's `{externalUserId}`
+    assert {path for path in paths if path.startswith("/v1/webhook-")} == {
+        path for _, path in expected
+    }
+    for path, item in paths.items():
+        declared = sorted(p["name"] for p in item.get("parameters", []) if p["in"] == "path")
+        if path.startswith("/v1/webhook-endpoints/"):
+            assert declared == ["endpointId"], path
+        elif path.startswith("/v1/webhook-deliveries/"):
+            assert declared == ["deliveryId"], path
+        else:
+            assert declared == [], path
     for (method, path), scope in expected.items():
         operation = paths[path][method]
         assert operation["security"] == [{"apiKey": []}], path

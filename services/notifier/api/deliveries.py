@@ -69,21 +69,21 @@ class WebhookDeliveries(MethodView):
         }
 
 
-@blp.route("/webhook-deliveries/<delivery_id>")
+@blp.route("/webhook-deliveries/<deliveryId>")
 class WebhookDelivery(MethodView):
     @auth.api_key(blp, READ)
     @blp.response(200, DeliveryDetailEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such delivery")
-    def get(self, delivery_id: str) -> dict[str, Any]:
+    def get(self, deliveryId: str) -> dict[str, Any]:
         """One delivery with every attempt and the event exactly as sent."""
         with notifier().db.reader() as session:
-            delivery = deliveries.get_delivery(session, _tenant(), delivery_id)
+            delivery = deliveries.get_delivery(session, _tenant(), deliveryId)
             attempts = deliveries.attempts_of(session, delivery.id)
             event = deliveries.event_envelope(deliveries.event_of(session, delivery))
             return {"webhook_delivery": delivery_detail(delivery, attempts, event)}
 
 
-@blp.route("/webhook-deliveries/<delivery_id>/replay")
+@blp.route("/webhook-deliveries/<deliveryId>/replay")
 class Replay(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
@@ -97,7 +97,7 @@ class Replay(MethodView):
     )
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
-    def post(self, delivery_id: str) -> dict[str, Any]:
+    def post(self, deliveryId: str) -> dict[str, Any]:
         """Send the same event (same id, same body) again now, as a new delivery.
 
         The new delivery names the one it replays in `replayOf` and is signed with the
@@ -105,6 +105,6 @@ class Replay(MethodView):
         """
         ctx = notifier()
         with ctx.db.transaction() as session:
-            delivery = deliveries.replay(session, _tenant(), delivery_id)
+            delivery = deliveries.replay(session, _tenant(), deliveryId)
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}

@@ -94,15 +94,15 @@ class WebhookEndpoints(MethodView):
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
 
 
-@blp.route("/webhook-endpoints/<endpoint_id>")
+@blp.route("/webhook-endpoints/<endpointId>")
 class WebhookEndpoint(MethodView):
     @auth.api_key(blp, READ)
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
-    def get(self, endpoint_id: str) -> dict[str, Any]:
+    def get(self, endpointId: str) -> dict[str, Any]:
         """One webhook endpoint (never its secret)."""
         with notifier().db.reader() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id)
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId)
             return {"webhook_endpoint": endpoint_out(endpoint)}
 
     @auth.api_key(blp, WRITE)
@@ -110,12 +110,12 @@ class WebhookEndpoint(MethodView):
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
-    def patch(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+    def patch(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
         """Change any of name, url, eventTypes, status (enabled or disabled)."""
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
             endpoints.update_endpoint(
                 endpoint,
                 name=args.get("name"),
@@ -130,14 +130,14 @@ class WebhookEndpoint(MethodView):
     @auth.api_key(blp, WRITE)
     @blp.response(204)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
-    def delete(self, endpoint_id: str) -> None:
+    def delete(self, endpointId: str) -> None:
         """Delete an endpoint: no new deliveries; unfinished ones stop (`endpoint_deleted`)."""
         with notifier().db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
             endpoints.delete_endpoint(session, endpoint)
 
 
-@blp.route("/webhook-endpoints/<endpoint_id>/rotate-secret")
+@blp.route("/webhook-endpoints/<endpointId>/rotate-secret")
 class RotateSecret(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
@@ -147,12 +147,12 @@ class RotateSecret(MethodView):
     @blp.alt_response(409, schema=ErrorSchema, description=KEY_REUSED)
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
-    def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+    def post(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
         """Rotate the signing secret; the old one may keep signing for up to 24 h."""
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpoint_id, for_update=True)
+            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
             secret = endpoints.rotate_secret(
                 endpoint,
                 ctx.secret_box,
@@ -162,7 +162,7 @@ class RotateSecret(MethodView):
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
 
 
-@blp.route("/webhook-endpoints/<endpoint_id>/test")
+@blp.route("/webhook-endpoints/<endpointId>/test")
 class SendTest(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
@@ -176,16 +176,16 @@ class SendTest(MethodView):
     )
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
-    def post(self, endpoint_id: str) -> dict[str, Any]:
+    def post(self, endpointId: str) -> dict[str, Any]:
         """Send a `webhook.test` event to this endpoint alone; returns the pending delivery."""
         ctx = notifier()
         with ctx.db.transaction() as session:
-            delivery = deliveries.send_test(session, _tenant(), endpoint_id)
+            delivery = deliveries.send_test(session, _tenant(), endpointId)
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}
 
 
-@blp.route("/webhook-endpoints/<endpoint_id>/recover")
+@blp.route("/webhook-endpoints/<endpointId>/recover")
 class Recover(MethodView):
     @auth.api_key(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
@@ -199,7 +199,7 @@ class Recover(MethodView):
     )
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
-    def post(self, args: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+    def post(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
         """Send again every event whose delivery to this endpoint failed in the window.
 
         One new delivery per event, oldest first, at most 1000 per call; events already
@@ -208,7 +208,7 @@ class Recover(MethodView):
         ctx = notifier()
         with ctx.db.transaction() as session:
             made = deliveries.recover(
-                session, _tenant(), endpoint_id, since=args["since"], until=args["until"]
+                session, _tenant(), endpointId, since=args["since"], until=args["until"]
             )
         ctx.hand_off([d.id for d in made])
         return {"webhook_deliveries": made}
