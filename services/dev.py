@@ -113,6 +113,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from werkzeug.serving import run_simple
 
     from services.core.app import create_app as create_core_app
+    from services.core.backfill import run_address_backfill
     from services.core.deposits.worker import run_pipeline
     from services.core.fee_oracle import run_fee_oracle
     from services.core.fees import refresh_fees
@@ -144,7 +145,11 @@ def run_dev(args: argparse.Namespace) -> int:
     wake = threading.Event()
     install_commit_wakeup(db, wake)
     start_relay_thread(db, lambda: embedded.bus, stop, wake=wake, poll_s=1.0)
-    for name, target in (("fee-oracle", run_fee_oracle), ("deposit-pipeline", run_pipeline)):
+    for name, target in (
+        ("fee-oracle", run_fee_oracle),
+        ("deposit-pipeline", run_pipeline),
+        ("address-backfill", run_address_backfill),
+    ):
         threading.Thread(target=target, args=(core_ctx, stop), name=name, daemon=True).start()
 
     app = PathDispatcher(

@@ -104,6 +104,20 @@ def core_worker(args: argparse.Namespace) -> int:
     return run_worker(CoreConfig.from_env())
 
 
+def core_backfill_addresses(args: argparse.Namespace) -> int:
+    """One full backfill pass (the worker also runs one at start); prints the counts."""
+    from services.core.backfill import backfill_addresses
+    from services.core.context import CoreContext
+
+    ctx = CoreContext.build(CoreConfig.from_env())
+    try:
+        result = backfill_addresses(ctx.db, ctx.registry, ctx.deriver, batch=args.batch)
+    finally:
+        ctx.db.dispose()
+    _print(result.document())
+    return 0
+
+
 def _guard(fn: object) -> object:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -113,6 +127,16 @@ def _guard(fn: object) -> object:
             return 2
 
     return run
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError("must be 1..10000")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -152,6 +176,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=default_workers())
     p.add_argument("--threads", type=int, default=4)
     p.set_defaults(func=core_api)
-    core.add_parser("worker", help="outbox relay, fee oracle and deposit pipeline").set_defaults(
-        func=core_worker
+    core.add_parser(
+        "worker", help="outbox relay, fee oracle, deposit pipeline and address backfill"
+    ).set_defaults(func=core_worker)
+    p = core.add_parser(
+        "backfill-addresses",
+        help="give existing accounts an address on every active chain they lack (one pass)",
     )
+    p.add_argument("--batch", type=_batch_size, default=500, help="accounts per transaction")
+    p.set_defaults(func=core_backfill_addresses)

@@ -22,6 +22,13 @@ from shared.settings import (
 _RPC_VAR = re.compile(r"^SETTLE_RPC_URL_(\d+)$")
 
 
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env_float(env, name, default)
+    if value <= 0:
+        raise SettingsError(f"{name} must be greater than 0, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class CoreConfig:
     database_url: str
@@ -38,6 +45,9 @@ class CoreConfig:
     fee_refresh_s: float = 30.0
     #: How long GET /v1/chains may serve fees read from the database.
     chains_cache_s: float = 1.0
+    #: How often the worker gives accounts created since its last pass the addresses of
+    #: chains activated since they were created (services/core/backfill.py).
+    address_backfill_interval_s: float = 300.0
     db_pool_size: int = 10
     #: Per-key and per-IP request limits (from_env: on; built in code: off).
     rate_limits: RateLimitConfig = RATE_LIMITS_OFF
@@ -73,5 +83,6 @@ class CoreConfig:
             rpc_urls=rpc_urls,
             fee_refresh_s=env_float(env, "SETTLE_FEE_REFRESH_S", 30.0),
             chains_cache_s=env_float(env, "SETTLE_CHAINS_CACHE_S", 1.0),
+            address_backfill_interval_s=_positive(env, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S", 300.0),
             rate_limits=RateLimitConfig.from_env(env),
         )

@@ -1,4 +1,5 @@
-"""`settle core worker`: the outbox relay, the fee oracle and the deposit pipeline.
+"""`settle core worker`: the outbox relay, the fee oracle, the deposit pipeline and the
+deposit address backfill.
 
 Each runs in its own thread until SIGTERM/SIGINT. If one of them dies the process
 exits non-zero, so the supervisor (compose, systemd) restarts it whole: nothing is
@@ -33,6 +34,7 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
     """The loops of a core worker process, built from the context."""
     from prometheus_client import CollectorRegistry
 
+    from services.core.backfill import run_address_backfill
     from services.core.deposits.worker import run_pipeline
     from services.core.fee_oracle import run_fee_oracle
     from services.core.relay import (
@@ -57,6 +59,7 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
             lambda stop: run_relay(ctx.db, publisher_factory, stop, metrics=relay_metrics),
         ),
         Task("deposit-pipeline", lambda stop: run_pipeline(ctx, stop)),
+        Task("address-backfill", lambda stop: run_address_backfill(ctx, stop)),
     ]
 
 
