@@ -9,6 +9,11 @@ bare Flask app returning a constant JSON, both with the same gunicorn settings
 the same run and prints requests/s and the ratios.
 Goals (issue #2): GET /v1/chains >= 0.8 of bare, POST /v1/deposit-accounts >= 0.25.
 
+A fourth server, bench/floor_app.py, answers the same POST with only the endpoint's
+irreducible work (one key lookup, three address derivations, one INSERT statement and
+a durable commit, raw psycopg, no framework): its ratio is the ceiling any
+implementation of this endpoint on this stack and machine can reach.
+
 The three runs are interleaved for `--rounds` rounds and each ratio is taken within
 its round, then the median is reported: on a shared machine a burst of someone
 else's load then hits both sides of a ratio instead of one. CPU per request of the
@@ -141,7 +146,7 @@ def run(args: argparse.Namespace, url: str) -> int:
         "SETTLE_RATE_LIMIT_PER_IP": "1000000",
         "SETTLE_RATE_LIMIT_PER_IP_BURST": "1000000",
     }
-    core_port, bare_port = free_port(), free_port()
+    core_port, bare_port, floor_port = free_port(), free_port(), free_port()
     rounds: dict[str, list[dict[str, float]]] = {}
     with (
         process(
@@ -154,6 +159,12 @@ def run(args: argparse.Namespace, url: str) -> int:
             env,
             f"http://127.0.0.1:{core_port}/v1/status",
         ) as core_server,
+        process(
+            serve_cmd("bench.floor_app:app", floor_port, args.workers, args.threads),
+            env,
+            # A GET answers 405 once it serves.
+            f"http://127.0.0.1:{floor_port}/v1/deposit-accounts",
+        ) as floor_server,
     ):
         runs = {
             BARE: (f"http://127.0.0.1:{bare_port}/v1/bare", None, bare_server.pid),
@@ -162,6 +173,11 @@ def run(args: argparse.Namespace, url: str) -> int:
                 f"http://127.0.0.1:{core_port}/v1/deposit-accounts",
                 CREATE_SCRIPT.replace("@KEY@", issued.api_key),
                 core_server.pid,
+            ),
+            FLOOR: (
+                f"http://127.0.0.1:{floor_port}/v1/deposit-accounts",
+                CREATE_SCRIPT.replace("@KEY@", issued.api_key),
+                floor_server.pid,
             ),
         }
         for target, script, _ in runs.values():
@@ -205,6 +221,12 @@ def run(args: argparse.Namespace, url: str) -> int:
         ratio = float(figures[name]["ratio_to_bare"])  # type: ignore[arg-type]
         verdict = "met" if ratio >= goal else "MISSED"
         print(f"goal {name} >= {goal} of bare: {verdict} ({ratio:.3f})")
+    floor = float(figures[FLOOR]["ratio_to_bare"])  # type: ignore[arg-type]
+    create = float(figures[CREATE]["ratio_to_bare"])  # type: ignore[arg-type]
+    print(
+        f"ceiling for account creation on this stack and machine: {floor:.3f} of bare "
+        f"(bench/floor_app.py); core reaches {create / max(floor, 1e-9):.2f} of it"
+    )
     if any(fig["errors"] for fig in figures.values()):
         print("WARNING: some requests failed (non-2xx or socket errors): figures are not valid")
     if args.json:
@@ -222,6 +244,8 @@ def run(args: argparse.Namespace, url: str) -> int:
 
 
 BARE, CHAINS, CREATE = "bare GET /v1/bare", "GET /v1/chains", "POST /v1/deposit-accounts"
+#: bench/floor_app.py: the creation's irreducible work without any framework.
+FLOOR = "floor POST (no framework)"
 
 
 def measure(
