@@ -157,6 +157,48 @@ class Database:
     def is_sqlite(self) -> bool:
         return is_sqlite(self.url)
 
+    @property
+    def is_postgresql(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    @contextmanager
+    def driver_transaction(self) -> Iterator[Any]:
+        """One transaction on a pooled connection's own psycopg connection (PostgreSQL).
+
+        For the few hot paths where SQLAlchemy's own cost per session and per statement
+        (about 0.1 ms each, docs/PERFORMANCE.md) is most of the request: run statements
+        compiled once by `driver_sql`. Commits on success, rolls back on error; the
+        connection goes back to the pool either way.
+        """
+        pooled = self.engine.raw_connection()
+        try:
+            conn = pooled.driver_connection
+            with conn.transaction():
+                yield conn
+        finally:
+            pooled.close()
+
+    @contextmanager
+    def driver_autocommit(self) -> Iterator[Any]:
+        """A pooled connection's own psycopg connection in autocommit (PostgreSQL).
+
+        `autocommit()` for hot single-statement reads, without SQLAlchemy's layers.
+        """
+        pooled = self.engine.raw_connection()
+        try:
+            conn = pooled.driver_connection
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                conn.autocommit = False
+        finally:
+            pooled.close()
+
+    def driver_sql(self, statement: sa.Executable) -> str:
+        """`statement` compiled for this engine's driver: named `%(name)s` parameters."""
+        return str(statement.compile(dialect=self.engine.dialect))
+
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session whose work commits on success and rolls back on error."""

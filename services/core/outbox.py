@@ -29,6 +29,35 @@ _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
 #: `inline()`: no implicit `RETURNING id` (nothing reads the new row's id).
 _INSERT = _OUTBOX.insert().inline()
+#: The same INSERT with a bind parameter per column (for statements built on it).
+INSERT_EVENT = _OUTBOX.insert().values(
+    {
+        column: sa.bindparam(column, type_=_OUTBOX.c[column].type)
+        for column in ("event_id", "event_type", "tenant_id", "body", "created_at")
+    }
+)
+
+
+def event_row(
+    event_type: str,
+    tenant_id: str,
+    data: dict[str, Any],
+    *,
+    event_id: str | None = None,
+    created_at: datetime | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A new event's envelope and the outbox row (column values) that stores it."""
+    envelope = events.envelope(
+        event_type, tenant_id, data, event_id=event_id, created_at=created_at or utcnow()
+    )
+    row = {
+        "event_id": envelope["id"],
+        "event_type": event_type,
+        "tenant_id": tenant_id,
+        "body": events.encode(envelope).decode("utf-8"),
+        "created_at": parse_iso(envelope["createdAt"]),
+    }
+    return envelope, row
 
 
 def emit(
@@ -45,23 +74,11 @@ def emit(
     A durable event id already present raises IntegrityError here: the caller
     decides (pipeline steps treat it as "already emitted").
     """
-    created_at = created_at or utcnow()
-    envelope = events.envelope(
-        event_type, tenant_id, data, event_id=event_id, created_at=created_at
-    )
+    envelope, row = event_row(event_type, tenant_id, data, event_id=event_id, created_at=created_at)
     # The caller's pending ORM changes go first, as they did when the event was an
     # ORM object flushed with them (a no-op check when there are none).
     session.flush()
-    session.execute(
-        _INSERT,
-        {
-            "event_id": envelope["id"],
-            "event_type": event_type,
-            "tenant_id": tenant_id,
-            "body": events.encode(envelope).decode("utf-8"),
-            "created_at": parse_iso(envelope["createdAt"]),
-        },
-    )
+    session.execute(_INSERT, row)
     session.info[WROTE_OUTBOX] = True
     request_wakeup(session)
     return envelope

@@ -51,6 +51,12 @@ def request_wakeup(session: Session) -> None:
     after_commit(session, db.attachment(ATTACHMENT, OutboxNotifier).poke)
 
 
+def wake_relay(db: Database) -> None:
+    """Wake the relay now: for outbox rows committed outside a session (PostgreSQL)."""
+    if not db.is_sqlite:
+        db.attachment(ATTACHMENT, OutboxNotifier).poke()
+
+
 def _libpq_url(db: Database) -> str:
     return db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -84,6 +90,10 @@ class OutboxNotifier:
         """Ask for a NOTIFY soon; cheap and non-blocking (called after each outbox commit)."""
         if self._pid != os.getpid():
             self._start()
+        if self._owed:
+            # Already owed: whoever set it woke the thread, and the thread clears the
+            # flag before it sends, so that NOTIFY still comes after this commit.
+            return
         self._owed = True
         self._wake.set()
 

@@ -68,8 +68,7 @@ def authenticate_api_key(scope: str | None) -> Principal:
     statement outside a transaction (no BEGIN/ROLLBACK), so it costs one round trip.
     """
     token = _bearer_token()
-    with identity_db().autocommit() as conn:
-        key = service.find_active_key(conn, token)
+    key = service.authenticate_key(identity_db(), token)
     if key is None:
         raise Unauthorized("the API key is unknown or revoked")
     principal = Principal(

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from eth_account import Account
@@ -559,3 +560,115 @@ def test_a_failed_creation_writes_nothing(
         )
     assert _count_accounts(pg_db, tenant.tenant_id) == 1
     assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
+
+
+def test_open_account_failing_writes_nothing_and_only_the_user_key_is_a_conflict(
+    tenant: TenantKeys, core_context: CoreContext, pg_db: Database
+) -> None:
+    # Given an account made through the API's path (the driver's connection)
+    registry = core_context.registry
+    first = accounts.open_account(
+        pg_db,
+        registry,
+        core_context.deriver,
+        tenant.tenant_id,
+        accounts.NewAccount(_uid(), Destination(8453, WALLET, USDC_BASE)),
+        api_key_id=None,
+    )
+    taken = first["depositAddresses"][0]["address"]
+
+    class CollidingDeriver:
+        def derive(self, chain_id: int, index: int) -> str:
+            return taken
+
+    # When a second creation collides on an address (another unique key than the user's)
+    uid = _uid()
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        accounts.open_account(
+            pg_db,
+            registry,
+            CollidingDeriver(),
+            tenant.tenant_id,
+            accounts.NewAccount(uid, Destination(8453, WALLET, USDC_BASE)),
+            api_key_id=None,
+        )
+    # Then it is not reported as account_exists and nothing of it was written
+    assert _count_accounts(pg_db, tenant.tenant_id) == 1
+    assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
+
+    # And a taken externalUserId is account_exists, also with nothing written
+    with pytest.raises(AccountExists):
+        accounts.open_account(
+            pg_db,
+            registry,
+            core_context.deriver,
+            tenant.tenant_id,
+            accounts.NewAccount(first["externalUserId"], Destination(8453, WALLET, USDC_BASE)),
+            api_key_id=None,
+        )
+    assert _count_accounts(pg_db, tenant.tenant_id) == 1
+    assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["inherited", "given"])
+def test_driver_and_session_paths_store_the_same(
+    given: bool, policy_tenant: TenantKeys, core_context: CoreContext, pg_db: Database
+) -> None:
+    # Given the same creation through the session path and the API's driver path
+    now = accounts.utcnow()
+    dest = Destination(1, WALLET_2, USDT_ETH) if given else None
+    metadata = {"tier": "gold", "n": 3, "ok": True, "none": None}
+    common = (core_context.registry, core_context.deriver, policy_tenant.tenant_id)
+    with pg_db.transaction() as session:
+        by_session = accounts.create_account(
+            session,
+            *common,
+            accounts.NewAccount(_uid(), dest, metadata),
+            api_key_id="key_x",
+            now=now,
+        )
+    by_driver = accounts.open_account(
+        pg_db, *common, accounts.NewAccount(_uid(), dest, metadata), api_key_id="key_x", now=now
+    )
+
+    # Then the documents differ only in their ids and addresses (derived per account)
+    def shape(document: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **document,
+            "id": None,
+            "externalUserId": None,
+            "depositAddresses": [{**a, "address": None} for a in document["depositAddresses"]],
+        }
+
+    assert shape(by_session) == shape(by_driver)
+    # And so do the stored rows and the events, which carry exactly the documents
+    rows = [_account_row(pg_db, d["id"]) for d in (by_session, by_driver)]
+    columns = (
+        "status",
+        "dest_chain_id",
+        "dest_address",
+        "dest_token_address",
+        "dest_set_by_key_id",
+        "metadata_",
+        "created_at",
+        "updated_at",
+        "tenant_id",
+    )
+    assert [getattr(rows[0], c) for c in columns] == [getattr(rows[1], c) for c in columns]
+    registry, deriver = core_context.registry, core_context.deriver
+    for row in rows:
+        with pg_db.reader() as session:
+            stored = session.execute(
+                sa.select(DepositAddress.chain_id, DepositAddress.address, DepositAddress.position)
+                .where(DepositAddress.account_pk == row.pk)
+                .order_by(DepositAddress.chain_id)
+            ).all()
+        assert [tuple(r) for r in stored] == sorted(
+            (c.chain_id, deriver.derive(c.chain_id, row.pk), registry.position(c.chain_id))
+            for c in registry.active()
+        )
+    events = outbox_events(pg_db, policy_tenant.tenant_id, CREATED)
+    assert [e["data"] for e in events[-2:]] == [
+        {"depositAccount": by_session},
+        {"depositAccount": by_driver},
+    ]

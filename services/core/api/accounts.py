@@ -119,15 +119,14 @@ class DepositAccounts(MethodView):
             destination=args.get("destination"),
             metadata=args.get("metadata") or {},
         )
-        with ctx.db.transaction() as session:
-            document = accounts.create_account(
-                session,
-                ctx.registry,
-                ctx.deriver,
-                principal.tenant_id,
-                new,
-                api_key_id=principal.api_key_id,
-            )
+        document = accounts.open_account(
+            ctx.db,
+            ctx.registry,
+            ctx.deriver,
+            principal.tenant_id,
+            new,
+            api_key_id=principal.api_key_id,
+        )
         return json_response({"depositAccount": document})
 
 
