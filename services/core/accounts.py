@@ -24,7 +24,7 @@ from services.core.destinations import Destination, validate_destination
 from services.core.models import DepositAccount, DepositAddress, DestinationPolicy
 from services.core.outbox_wakeup import wake_relay
 from shared import events
-from shared.db import Database, is_unique_violation
+from shared.db import Database, DriverStatement, is_unique_violation
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
 from shared.timefmt import iso_ms, utcnow
@@ -229,10 +229,8 @@ def open_account(
     params = _insert_params(values, new.destination)
     try:
         with db.driver_transaction() as conn:
-            if new.destination is None:
-                row = conn.execute(statements.insert_inherited, params).fetchone()
-            else:
-                row = conn.execute(statements.insert_given, params).fetchone()
+            insert = statements.insert_given if new.destination else statements.insert_inherited
+            row = conn.execute(insert.sql, insert.bind(params)).fetchone()
             inserted = None if row is None else (row[0], Destination(row[1], row[2], row[3]))
             pk, destination = _inserted(registry, inserted, new)
             derived = _derive(registry, deriver, pk)
@@ -241,13 +239,9 @@ def open_account(
                 events.ACCOUNT_CREATED, tenant_id, {"depositAccount": document}
             )
             addresses = _address_rows(registry, pk, derived)
-            conn.execute(
-                statements.addresses_and_event,
-                {
-                    **event,
-                    **{f"{k}_{n}": v for n, rows in enumerate(addresses) for k, v in rows.items()},
-                },
-            )
+            rows = {f"{k}_{n}": v for n, row in enumerate(addresses) for k, v in row.items()}
+            write = statements.addresses_and_event
+            conn.execute(write.sql, write.bind(event | rows))
     except psycopg.errors.UniqueViolation as exc:
         raise _account_exists(exc, new) from None
     wake_relay(db)
@@ -386,12 +380,12 @@ _INSERT_ADDRESSES = _ADDRESSES.insert().inline()
 
 @dataclass(frozen=True)
 class _DriverStatements:
-    """The create statements as SQL for the driver (`Database.driver_sql`)."""
+    """The create statements compiled for the driver (`Database.driver_statement`)."""
 
-    insert_given: str
-    insert_inherited: str
+    insert_given: DriverStatement
+    insert_inherited: DriverStatement
     #: The addresses (bind names `<column>_<n>`) and the outbox row in one statement.
-    addresses_and_event: str
+    addresses_and_event: DriverStatement
 
 
 def _driver_statements(db: Database, address_count: int) -> _DriverStatements:
@@ -415,12 +409,16 @@ def _compile_driver_statements(db: Database, address_count: int) -> _DriverState
     given = _INSERT_GIVEN.values(
         {c: sa.bindparam(c, type_=_ACCOUNTS.c[c].type) for c in (*_OWN, *_COPIED)}
     )
+    # No active chain (a chains file could say so): the event alone, no empty VALUES.
+    addresses_and_event = (
+        outbox.INSERT_EVENT.add_cte(addresses.cte("new_addresses"))
+        if address_count
+        else outbox.INSERT_EVENT
+    )
     return _DriverStatements(
-        insert_given=db.driver_sql(given),
-        insert_inherited=db.driver_sql(_INSERT_INHERITED),
-        addresses_and_event=db.driver_sql(
-            outbox.INSERT_EVENT.add_cte(addresses.cte("new_addresses"))
-        ),
+        insert_given=db.driver_statement(given),
+        insert_inherited=db.driver_statement(_INSERT_INHERITED),
+        addresses_and_event=db.driver_statement(addresses_and_event),
     )
 
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import dramatiq
+import psycopg
 import sqlalchemy as sa
 
 from services.notifier.context import NotifierContext
@@ -41,11 +43,11 @@ from services.notifier.models import (
     Endpoint,
     StoredEvent,
 )
-from services.notifier.secrets import SecretDecryptError
+from services.notifier.secrets import SecretBox, SecretDecryptError
 from services.notifier.sender import Sender, SendResult
 from shared import signing
 from shared.bus import BusNames
-from shared.db import UTCDateTime
+from shared.db import DriverStatement, UTCDateTime
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,70 @@ _ENDPOINT_COLUMNS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _EndpointView:
+    """The endpoint columns read with the claim (a plain object: no ORM instrumentation)."""
+
+    url: str
+    status: str
+    deleted_at: datetime | None
+    failing_since: datetime | None
+    secret_encrypted: str
+    previous_secret_encrypted: str | None
+    previous_secret_expires_at: datetime | None
+
+
+class SecretCache:
+    """Decrypted endpoint secrets, keyed by their ciphertext, per process.
+
+    A Fernet decrypt (HMAC check + AES) per attempt is a measurable share of the
+    worker's CPU. Keying by the stored token, not the endpoint id, means a rotation
+    (a new token) applies on the very next attempt: a cached entry can never be
+    stale, only unused. Entries expire after `ttl_s` so the plaintext of a deleted
+    or rotated secret does not stay in memory for long, and the cache is bounded.
+    """
+
+    def __init__(
+        self,
+        box: SecretBox,
+        *,
+        ttl_s: float = 300.0,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.box = box
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def decrypt(self, token: str) -> str:
+        """The plaintext of `token`; raises SecretDecryptError like SecretBox.decrypt."""
+        now = self._clock()
+        entry = self._entries.get(token)
+        if entry is not None and entry[1] > now:
+            return entry[0]
+        secret = self.box.decrypt(token)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                # Rare (more live secrets than entries): start over rather than track LRU.
+                self._entries.clear()
+            self._entries[token] = (secret, now + self.ttl_s)
+        return secret
+
+    def signing_secrets(self, endpoint: _EndpointView, now: datetime) -> list[str]:
+        """endpoints.signing_secrets, decrypting through this cache."""
+        return signing_secrets(endpoint, self, now)
+
+
+def _aware_utc(value: datetime | None) -> datetime | None:
+    """What UTCDateTime does to a value read (psycopg gives the session's time zone)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 @dataclass
 class _Claim:
     """What an actor holds after winning the lease."""
@@ -156,7 +222,7 @@ class _Claim:
     event_created_at: datetime
     endpoint_id: str
     #: The endpoint as read with the claim (url, status, secrets, failure streak).
-    endpoint: Endpoint
+    endpoint: _EndpointView
 
 
 #: What an attempt reads besides the delivery: the event's body and the endpoint.
@@ -176,7 +242,8 @@ def _claim_statement(*, join: bool) -> sa.Update:
         sa.update(Delivery)
         .where(
             Delivery.id == sa.bindparam("delivery_id"),
-            Delivery.status.in_((PENDING, RETRYING)),
+            # Not in_(): an expanding IN re-renders the SQL on every execution.
+            sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
             sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
             sa.or_(
                 Delivery.next_attempt_at.is_(None),
@@ -205,13 +272,43 @@ def _claim_reads() -> sa.Select[Any]:
     )
 
 
+#: The endpoint's failure streak (bind `endpoint_id`, and `now` / `cutoff`).
+_STREAK_CLEAR = (
+    sa.update(Endpoint)
+    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_not(None))
+    .values(failing_since=None)
+)
+_STREAK_START = (
+    sa.update(Endpoint)
+    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_(None))
+    .values(failing_since=sa.bindparam("now", type_=UTCDateTime))
+)
+_STREAK_DISABLE = (
+    sa.update(Endpoint)
+    .where(
+        Endpoint.id == sa.bindparam("endpoint_id"),
+        Endpoint.status == ENABLED,
+        Endpoint.failing_since <= sa.bindparam("cutoff", type_=UTCDateTime),
+    )
+    .values(
+        status=DISABLED,
+        disabled_reason=DISABLED_FAILING,
+        updated_at=sa.bindparam("now", type_=UTCDateTime),
+    )
+)
+
+
 class Deliverer:
     """One attempt of one delivery, from claim to the next schedule.
 
-    The hot path runs on SQLAlchemy Core with one pooled connection per attempt: a
-    claim statement (committed before the HTTP request), then one transaction
-    recording the attempt, the delivery's new state and, on failure, the endpoint's
-    failure streak.
+    The hot path holds one pooled connection per attempt and, on PostgreSQL, makes
+    two round trips: the claim (one autocommitted UPDATE ... FROM ... RETURNING that
+    takes the lease and reads the event and the endpoint, committed before the HTTP
+    request), then one autocommitted statement recording the attempt and the
+    delivery's new state together (a CTE). Only when the endpoint's failure streak
+    changes do the record and the streak updates run in an explicit transaction.
+    Both statements are compiled once and run on psycopg directly (see DriverStatement).
+    On SQLite the same steps run through SQLAlchemy in transactions.
     """
 
     def __init__(
@@ -230,7 +327,9 @@ class Deliverer:
         self.metrics = metrics
         self.tuning = tuning or DeliveryTuning()
         self.limiter = limiter or EndpointLimiter(ctx.config.per_endpoint_concurrency)
+        self.secrets = SecretCache(ctx.secret_box)
         self.dispatch: Dispatch | None = None
+        self._lease_s = sender.max_duration_s + self.tuning.lease_margin_s
         self._join_claim = self.engine.dialect.name == "postgresql"
         self._claim_stmt = _claim_statement(join=self._join_claim)
         self._claim_reads = _claim_reads()
@@ -265,12 +364,26 @@ class Deliverer:
         if self._join_claim:
             # PostgreSQL: the attempt and the delivery's new state in one statement.
             self._record_stmt = self._record_stmt.add_cte(self._attempt_stmt.cte("new_attempt"))
+            dialect = self.engine.dialect
+            self._pg_claim = DriverStatement(self._claim_stmt, dialect)
+            self._pg_record = DriverStatement(self._record_stmt, dialect)
+            self._pg_streak = {
+                stmt: DriverStatement(stmt, dialect)
+                for stmt in (_STREAK_CLEAR, _STREAK_START, _STREAK_DISABLE)
+            }
+            # Each statement of the hot path is its own transaction: no BEGIN/COMMIT trips.
+            self._connect = self.engine.execution_options(isolation_level="AUTOCOMMIT").connect
+        else:
+            self._connect = self.engine.connect
+        # Label children looked up once (prometheus_client takes a lock per labels()).
+        self._attempts_ok = metrics.attempts.labels("success")
+        self._succeeded = metrics.deliveries.labels(SUCCEEDED)
 
     # -- the actor body --------------------------------------------------------------
 
     def deliver(self, delivery_id: str, bounces: int = 0) -> str:
         """Run one attempt if this call wins the delivery; returns what happened (for tests)."""
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             claim = self._claim(conn, delivery_id)
             if claim is None:
                 return "not_claimed"
@@ -286,40 +399,73 @@ class Deliverer:
             finally:
                 self.limiter.release(claim.endpoint_id)
 
+    def _execute(
+        self, conn: sa.Connection, compiled: DriverStatement, values: Mapping[str, Any]
+    ) -> psycopg.Cursor[Any]:
+        """`compiled` on the connection's psycopg connection (PostgreSQL only)."""
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        try:
+            return driver.execute(compiled.sql, compiled.bind(values))
+        except psycopg.OperationalError:
+            # What SQLAlchemy does on a disconnect: never pool this connection again.
+            conn.invalidate()
+            raise
+
     def _claim(self, conn: sa.Connection, delivery_id: str) -> _Claim | None:
         now = utcnow()
-        lease = now + timedelta(seconds=self.sender.max_duration_s + self.tuning.lease_margin_s)
+        lease = now + timedelta(seconds=self._lease_s)
         due_by = now + timedelta(seconds=self.tuning.due_slack_s)
         params = {"delivery_id": delivery_id, "now": now, "due_by": due_by, "lease": lease}
+        if self._join_claim:
+            row = self._execute(conn, self._pg_claim, params).fetchone()
+            if row is None:
+                return None
+            (attempts, event_id, endpoint_id, body, created_at, url, status) = row[:7]
+            (deleted_at, failing_since, secret, previous, previous_expires) = row[7:]
+            return _Claim(
+                delivery_id=delivery_id,
+                lease_until=lease,
+                attempt_number=attempts + 1,
+                event_id=event_id,
+                event_body=body,
+                event_created_at=_aware_utc(created_at) or now,
+                endpoint_id=endpoint_id,
+                endpoint=_EndpointView(
+                    url=url,
+                    status=status,
+                    deleted_at=deleted_at,
+                    failing_since=failing_since,
+                    secret_encrypted=secret,
+                    previous_secret_encrypted=previous,
+                    previous_secret_expires_at=_aware_utc(previous_expires),
+                ),
+            )
         with conn.begin():
             claimed = conn.execute(self._claim_stmt, params).one_or_none()
             if claimed is None:
                 return None
-            row = claimed
-            if not self._join_claim:
-                row = conn.execute(
-                    self._claim_reads,
-                    {"event_id": claimed.event_id, "endpoint_id": claimed.endpoint_id},
-                ).one()
-        endpoint = Endpoint(
-            id=claimed.endpoint_id,
-            url=row.url,
-            status=row.status,
-            deleted_at=row.deleted_at,
-            failing_since=row.failing_since,
-            secret_encrypted=row.secret_encrypted,
-            previous_secret_encrypted=row.previous_secret_encrypted,
-            previous_secret_expires_at=row.previous_secret_expires_at,
-        )
+            read = conn.execute(
+                self._claim_reads,
+                {"event_id": claimed.event_id, "endpoint_id": claimed.endpoint_id},
+            ).one()
         return _Claim(
             delivery_id=delivery_id,
             lease_until=lease,
             attempt_number=claimed.attempt_count + 1,
             event_id=claimed.event_id,
-            event_body=row.body,
-            event_created_at=row.created_at,
+            event_body=read.body,
+            event_created_at=read.created_at,
             endpoint_id=claimed.endpoint_id,
-            endpoint=endpoint,
+            endpoint=_EndpointView(
+                url=read.url,
+                status=read.status,
+                deleted_at=read.deleted_at,
+                failing_since=read.failing_since,
+                secret_encrypted=read.secret_encrypted,
+                previous_secret_encrypted=read.previous_secret_encrypted,
+                previous_secret_expires_at=read.previous_secret_expires_at,
+            ),
         )
 
     def _put_back(self, conn: sa.Connection, claim: _Claim, bounces: int) -> None:
@@ -363,7 +509,7 @@ class Deliverer:
     def _attempt(self, conn: sa.Connection, claim: _Claim) -> str:
         body = claim.event_body.encode("utf-8")
         try:
-            secrets = signing_secrets(claim.endpoint, self.ctx.secret_box, utcnow())
+            secrets = self.secrets.signing_secrets(claim.endpoint, utcnow())
         except SecretDecryptError:
             # A configuration fault, not the receiver's: keep the lease so the sweeper
             # retries once the key is fixed, and say so loudly.
@@ -373,7 +519,10 @@ class Deliverer:
         attempted_at = utcnow()
         result = self.sender.send(claim.endpoint.url, body, headers)
         self.metrics.attempt_latency.observe(result.latency_ms / 1000.0)
-        self.metrics.attempts.labels(_outcome_label(result)).inc()
+        if result.ok:
+            self._attempts_ok.inc()
+        else:
+            self.metrics.attempts.labels(_outcome_label(result)).inc()
         return self._record(conn, claim, result, attempted_at, headers[signing.SIGNATURE_HEADER])
 
     def _record(
@@ -398,6 +547,9 @@ class Deliverer:
             "last_error": error,
             "updated_at": now,
             "succeeded_at": None,
+            "latency_ms": result.latency_ms,
+            "response_body": result.body,
+            "signature_header": signature,
         }
         if result.ok:
             values.update(status=SUCCEEDED, next_attempt_at=None, succeeded_at=now)
@@ -413,16 +565,16 @@ class Deliverer:
                 values.update(status=FAILED, next_attempt_at=None)
             else:
                 values.update(status=RETRYING, next_attempt_at=now + timedelta(seconds=delay))
-        values.update(
-            latency_ms=result.latency_ms, response_body=result.body, signature_header=signature
-        )
-        with conn.begin():
-            if not self._join_claim:
+        # A success ends a failure streak; only touch the endpoint when there is one.
+        streak = not result.ok or claim.endpoint.failing_since is not None
+        if self._join_claim:
+            updated = self._record_pg(conn, claim, values, streak=streak, ok=result.ok, now=now)
+        else:
+            with conn.begin():
                 conn.execute(self._attempt_stmt, values)
-            updated = conn.execute(self._record_stmt, values).rowcount
-            # A success ends a failure streak; only touch the row when there is one.
-            if not result.ok or claim.endpoint.failing_since is not None:
-                self._track_endpoint(conn, claim.endpoint_id, ok=result.ok, now=now)
+                updated = conn.execute(self._record_stmt, values).rowcount
+                if streak:
+                    self._track_endpoint(conn, claim.endpoint_id, ok=result.ok, now=now)
         if not updated:
             # Our lease lapsed and another worker took the delivery: its record wins.
             log.warning(
@@ -430,7 +582,7 @@ class Deliverer:
             )
             return "lease_lost"
         if result.ok:
-            self.metrics.deliveries.labels(SUCCEEDED).inc()
+            self._succeeded.inc()
             self.metrics.end_to_end.observe(
                 max(0.0, (now - claim.event_created_at).total_seconds())
             )
@@ -451,41 +603,55 @@ class Deliverer:
             log.exception("could not schedule the retry of %s; the sweeper will", claim.delivery_id)
         return RETRYING
 
+    def _record_pg(
+        self,
+        conn: sa.Connection,
+        claim: _Claim,
+        values: Mapping[str, Any],
+        *,
+        streak: bool,
+        ok: bool,
+        now: datetime,
+    ) -> int:
+        """The record statement alone (autocommitted), or with the streak in one transaction."""
+        if not streak:
+            return self._execute(conn, self._pg_record, values).rowcount
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        with driver.transaction():
+            updated = self._execute(conn, self._pg_record, values).rowcount
+            self._track_endpoint(conn, claim.endpoint_id, ok=ok, now=now)
+        return updated
+
     def _track_endpoint(
         self, conn: sa.Connection, endpoint_id: str, *, ok: bool, now: datetime
     ) -> None:
         """Failure streak: set on the first failure, cleared by a success, disables when too long.
 
-        Conditional updates, so the common case (no change) locks nothing.
+        Conditional updates, so the common case (no change) locks nothing. Runs inside
+        the caller's transaction.
         """
+        values = {
+            "endpoint_id": endpoint_id,
+            "now": now,
+            "cutoff": now - timedelta(seconds=self.config.disable_after_s),
+        }
         if ok:
-            conn.execute(
-                sa.update(Endpoint)
-                .where(Endpoint.id == endpoint_id, Endpoint.failing_since.is_not(None))
-                .values(failing_since=None)
-            )
+            self._run(conn, _STREAK_CLEAR, values)
             return
-        conn.execute(
-            sa.update(Endpoint)
-            .where(Endpoint.id == endpoint_id, Endpoint.failing_since.is_(None))
-            .values(failing_since=now)
-        )
-        cutoff = now - timedelta(seconds=self.config.disable_after_s)
-        disabled = conn.execute(
-            sa.update(Endpoint)
-            .where(
-                Endpoint.id == endpoint_id,
-                Endpoint.status == ENABLED,
-                Endpoint.failing_since <= cutoff,
-            )
-            .values(status=DISABLED, disabled_reason=DISABLED_FAILING, updated_at=now)
-        ).rowcount
-        if disabled:
+        self._run(conn, _STREAK_START, values)
+        if self._run(conn, _STREAK_DISABLE, values):
             log.warning(
                 "endpoint %s disabled: every attempt failed for %.0fs",
                 endpoint_id,
                 self.config.disable_after_s,
             )
+
+    def _run(self, conn: sa.Connection, statement: sa.Update, values: Mapping[str, Any]) -> int:
+        """Rows changed by one of the streak statements, on either backend."""
+        if self._join_claim:
+            return self._execute(conn, self._pg_streak[statement], values).rowcount
+        return conn.execute(statement, values).rowcount
 
 
 def _outcome_label(result: SendResult) -> str:

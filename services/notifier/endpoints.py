@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -273,7 +274,24 @@ def rotate_secret(
     return secret
 
 
-def previous_secret_expires_at(endpoint: Endpoint, now: datetime | None = None) -> datetime | None:
+class SecretFields(Protocol):
+    """The secret columns of an endpoint (the ORM row or a plain view of it)."""
+
+    @property
+    def secret_encrypted(self) -> str: ...
+    @property
+    def previous_secret_encrypted(self) -> str | None: ...
+    @property
+    def previous_secret_expires_at(self) -> datetime | None: ...
+
+
+class Decrypter(Protocol):
+    def decrypt(self, token: str) -> str: ...
+
+
+def previous_secret_expires_at(
+    endpoint: SecretFields, now: datetime | None = None
+) -> datetime | None:
     """When the previous secret stops signing, or None when there is none (or it lapsed)."""
     expires = endpoint.previous_secret_expires_at
     if endpoint.previous_secret_encrypted is None or expires is None:
@@ -281,7 +299,9 @@ def previous_secret_expires_at(endpoint: Endpoint, now: datetime | None = None) 
     return expires if expires > (now or utcnow()) else None
 
 
-def signing_secrets(endpoint: Endpoint, box: SecretBox, now: datetime | None = None) -> list[str]:
+def signing_secrets(
+    endpoint: SecretFields, box: Decrypter, now: datetime | None = None
+) -> list[str]:
     """Secrets that sign a delivery now: the current one, then the previous while valid."""
     secrets = [box.decrypt(endpoint.secret_encrypted)]
     if previous_secret_expires_at(endpoint, now) is not None:

@@ -139,9 +139,9 @@ def authenticate_key(db: Database, plain: str) -> ActiveKey | None:
             return find_active_key(conn, plain)
     if not _could_be_key(plain):
         return None
-    sql = db.attachment("identity.active_key_sql", lambda d: d.driver_sql(_ACTIVE_KEY))
+    lookup = db.attachment("identity.active_key", lambda d: d.driver_statement(_ACTIVE_KEY))
     with db.driver_autocommit() as conn:
-        row = conn.execute(sql, {"key_hash": token_hash(plain)}).fetchone()
+        row = conn.execute(lookup.sql, lookup.bind({"key_hash": token_hash(plain)})).fetchone()
     return None if row is None else _active_key(row)
 
 

@@ -290,7 +290,8 @@ def test_a_hanging_endpoint_does_not_hold_up_another(pipeline: Pipeline, rx: Rec
     # every worker thread would be waiting out the hanging endpoint's timeout
     assert rx.wait_for(lambda r: len(r.hits("/fast")) >= 5, 5)
     slowest = max(h.received_at for h in rx.hits("/fast")) - started
-    assert slowest < 0.6, f"the fast endpoint waited {slowest:.2f}s"
+    # Held up, it would wait out the 1 s timeout; below that with room for a busy machine
+    assert slowest < 0.9, f"the fast endpoint waited {slowest:.2f}s"
     for envelope in fast:
         pipeline.wait_status(envelope["id"], SUCCEEDED)
     # And the hanging endpoint never had more than its 2 slots busy at once: a slot is
