@@ -19,7 +19,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -208,6 +208,20 @@ def _aware_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _endpoint_view(columns: Sequence[Any]) -> _EndpointView:
+    """The endpoint from the values of `_ENDPOINT_COLUMNS`, in that order."""
+    url, status, deleted_at, failing_since, secret, previous, previous_expires = columns
+    return _EndpointView(
+        url=url,
+        status=status,
+        deleted_at=_aware_utc(deleted_at),
+        failing_since=_aware_utc(failing_since),
+        secret_encrypted=secret,
+        previous_secret_encrypted=previous,
+        previous_secret_expires_at=_aware_utc(previous_expires),
+    )
 
 
 @dataclass
@@ -421,51 +435,27 @@ class Deliverer:
             row = self._execute(conn, self._pg_claim, params).fetchone()
             if row is None:
                 return None
-            (attempts, event_id, endpoint_id, body, created_at, url, status) = row[:7]
-            (deleted_at, failing_since, secret, previous, previous_expires) = row[7:]
-            return _Claim(
-                delivery_id=delivery_id,
-                lease_until=lease,
-                attempt_number=attempts + 1,
-                event_id=event_id,
-                event_body=body,
-                event_created_at=_aware_utc(created_at) or now,
-                endpoint_id=endpoint_id,
-                endpoint=_EndpointView(
-                    url=url,
-                    status=status,
-                    deleted_at=deleted_at,
-                    failing_since=failing_since,
-                    secret_encrypted=secret,
-                    previous_secret_encrypted=previous,
-                    previous_secret_expires_at=_aware_utc(previous_expires),
-                ),
-            )
-        with conn.begin():
-            claimed = conn.execute(self._claim_stmt, params).one_or_none()
-            if claimed is None:
-                return None
-            read = conn.execute(
-                self._claim_reads,
-                {"event_id": claimed.event_id, "endpoint_id": claimed.endpoint_id},
-            ).one()
+            # attempt_count, event_id, endpoint_id, then _CLAIM_READS
+            attempts, event_id, endpoint_id, body, created_at, *endpoint = row
+        else:
+            with conn.begin():
+                claimed = conn.execute(self._claim_stmt, params).one_or_none()
+                if claimed is None:
+                    return None
+                attempts, event_id, endpoint_id = claimed
+                read = conn.execute(
+                    self._claim_reads, {"event_id": event_id, "endpoint_id": endpoint_id}
+                ).one()
+            body, created_at, *endpoint = read
         return _Claim(
             delivery_id=delivery_id,
             lease_until=lease,
-            attempt_number=claimed.attempt_count + 1,
-            event_id=claimed.event_id,
-            event_body=read.body,
-            event_created_at=read.created_at,
-            endpoint_id=claimed.endpoint_id,
-            endpoint=_EndpointView(
-                url=read.url,
-                status=read.status,
-                deleted_at=read.deleted_at,
-                failing_since=read.failing_since,
-                secret_encrypted=read.secret_encrypted,
-                previous_secret_encrypted=read.previous_secret_encrypted,
-                previous_secret_expires_at=read.previous_secret_expires_at,
-            ),
+            attempt_number=attempts + 1,
+            event_id=event_id,
+            event_body=body,
+            event_created_at=_aware_utc(created_at) or now,
+            endpoint_id=endpoint_id,
+            endpoint=_endpoint_view(endpoint),
         )
 
     def _put_back(self, conn: sa.Connection, claim: _Claim, bounces: int) -> None:
