@@ -19,10 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core.config import CoreConfig
-from services.core.context import CoreContext
 from services.notifier.config import NotifierConfig
-from services.notifier.context import NotifierContext
-from shared import components, migrate
 from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.models import Tenant
@@ -125,9 +122,16 @@ def run_dev(args: argparse.Namespace) -> int:
     core_config, notifier_config = embedded_configs(env)
     folder = data_dir(env)
     folder.mkdir(parents=True, exist_ok=True)
+    from shared import components, migrate  # Alembic: loaded only when dev runs
+
     migrate.upgrade(components.IDENTITY, core_config.identity_database_url)
     migrate.upgrade(components.CORE, core_config.database_url)
     migrate.upgrade(components.NOTIFIER, notifier_config.database_url)
+
+    # Imported here: the contexts pull in web3 and friends, which `settle --help` and
+    # every other command would otherwise pay for at start.
+    from services.core.context import CoreContext
+    from services.notifier.context import NotifierContext
 
     db = Database(core_config.database_url)
     core_ctx = CoreContext.build(core_config, db=db, identity_db=db)

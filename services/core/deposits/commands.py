@@ -13,19 +13,26 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from services.core.chains import load_chains
-from services.core.config import CoreConfig
-from services.core.deposits.service import DepositService
-from services.core.deposits.settings import PipelineSettings
-from shared.db import Database
 from shared.errors import ApiError
+
+if TYPE_CHECKING:
+    from services.core.deposits.service import DepositService
 
 _TX_HASH = re.compile(r"^0x[0-9a-fA-F]{64}$")
 
 
 def build_service() -> DepositService:
     """A DepositService from the environment (the CLI's own small pool)."""
+    # Imported here, not at the top: the service pulls in web3, which every other
+    # `settle` command would otherwise load at start.
+    from services.core.chains import load_chains
+    from services.core.config import CoreConfig
+    from services.core.deposits.service import DepositService
+    from services.core.deposits.settings import PipelineSettings
+    from shared.db import Database
+
     config = CoreConfig.from_env()
     return DepositService(
         Database(config.database_url, pool_size=1),
