@@ -224,7 +224,8 @@ class Database:
             try:
                 yield conn
             finally:
-                conn.autocommit = False
+                if not conn.closed:  # a dead one is replaced at its next checkout
+                    conn.autocommit = False
         finally:
             pooled.close()
 

@@ -91,3 +91,28 @@ def test_a_healthy_checkout_sends_no_ping(db: Database, monkeypatch: pytest.Monk
             session.execute(sa.text("SELECT 1"))
     # Then no round trip was spent on pings (pool_pre_ping would have sent 50)
     assert pings == []
+
+
+@pytest.mark.parametrize("mode", ["driver_autocommit", "driver_transaction"])
+def test_driver_connections_the_server_ended_are_replaced_too(
+    mode: str, db: Database, pg_url: str
+) -> None:
+    # Given a pool holding two idle connections, ended by the server
+    old = _backend_pids(db, 2)
+    with _admin(pg_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (old,))
+        wait_until(
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (old,)
+                ).fetchone()
+            ),
+            5,
+            "the backends to exit",
+        )
+    # Then the hot paths' driver connections are fresh ones, and nothing fails
+    use = getattr(db, mode)
+    for _ in range(3):
+        with use() as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None and row[0] not in old
