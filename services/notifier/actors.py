@@ -422,8 +422,10 @@ class Deliverer:
         try:
             return driver.execute(compiled.sql, compiled.bind(values))
         except psycopg.OperationalError:
-            # What SQLAlchemy does on a disconnect: never pool this connection again.
-            conn.invalidate()
+            # What SQLAlchemy does on a disconnect: never pool this connection again
+            # (a statement or lock timeout leaves a live connection, which stays).
+            if driver.closed or driver.broken:
+                conn.invalidate()
             raise
 
     def _claim(self, conn: sa.Connection, delivery_id: str) -> _Claim | None:
@@ -566,7 +568,9 @@ class Deliverer:
                 if streak:
                     self._track_endpoint(conn, claim.endpoint_id, ok=result.ok, now=now)
         if not updated:
-            # Our lease lapsed and another worker took the delivery: its record wins.
+            # Our lease lapsed and another worker took the delivery: its record wins
+            # for the delivery's state. Our attempt row stays: the POST did happen, and
+            # the attempt log is what support reads to see that it did.
             log.warning(
                 "delivery %s: lease lost before the attempt was recorded", claim.delivery_id
             )

@@ -306,7 +306,9 @@ class Sender:
             return SendResult(response.status, _ms_since(started), _classify(err))
         latency = _ms_since(started)
         status = response.status
-        text = prefix.decode("utf-8", errors="replace")
+        # PostgreSQL text refuses NUL: a receiver answering one must not make the
+        # attempt unrecordable (it would then be re-sent every lease, forever).
+        text = prefix.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         if latency > self.timeout_s * 1000:
             # Headers came in time but the whole answer did not (a trickling receiver).
             return SendResult(status, latency, TIMEOUT, text)

@@ -160,6 +160,23 @@ def test_receiver_failing_then_recovering_is_retried_until_success(
     assert pipeline.endpoint_row(endpoint_id).failing_since is None
 
 
+def test_a_response_body_with_nul_bytes_is_recorded(pipeline: Pipeline, rx: Receiver) -> None:
+    # Given a receiver whose answers contain NUL bytes (PostgreSQL text refuses them)
+    rx.script("/nul", Answer.fail(500, b"bad\x00news"), Answer.ok(body=b"ok\x00"))
+    tenant_id = _tenant(pipeline.db)
+    pipeline.endpoint(tenant_id, rx.url("/nul"), [events.DEPOSIT_CREDITED])
+    # When an event is delivered
+    envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+    # Then both attempts are recorded (not re-sent unrecorded each lease) and it succeeds
+    (delivery,) = pipeline.wait_status(envelope["id"], SUCCEEDED, timeout=15)
+    attempts = pipeline.attempts(delivery.id)
+    assert [(a.number, a.response_status, a.response_body) for a in attempts] == [
+        (1, 500, "bad\ufffdnews"),
+        (2, 200, "ok\ufffd"),
+    ]
+    assert len(rx.hits("/nul")) == 2
+
+
 def test_timeouts_are_failures_and_retried(pipeline: Pipeline, rx: Receiver) -> None:
     # Given a receiver that hangs past the 1 s timeout once, then answers
     rx.script("/slow", Answer.hang(2.5), Answer.ok())
