@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
@@ -134,6 +135,21 @@ def _check_liveness_on_checkout(engine: Engine) -> None:
             raise
 
 
+def _return_driver_connection(pooled: Any, conn: Any, *, autocommit: bool | None = None) -> None:
+    """Give a driver connection back to the pool idle (autocommit reset), or drop it.
+
+    Only an idle, live connection goes back: one the server ended, or one a caller left
+    inside a transaction, is invalidated, so no later session inherits its state.
+    """
+    idle = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if idle and autocommit is not None:
+        conn.autocommit = autocommit
+    if idle:
+        pooled.close()
+    else:
+        pooled.invalidate()
+
+
 def _has_input(fd: int) -> bool:
     """True when the socket has bytes (or EOF) waiting; never blocks."""
     poller = select.poll()
@@ -200,16 +216,16 @@ class Database:
 
         For the few hot paths where SQLAlchemy's own cost per session and per statement
         (about 0.1 ms each, docs/PERFORMANCE.md) is most of the request: run statements
-        compiled once by `driver_sql`. Commits on success, rolls back on error; the
-        connection goes back to the pool either way.
+        compiled once by `driver_statement`. Commits on success, rolls back on error;
+        the connection goes back to the pool, or is dropped if it died meanwhile.
         """
         pooled = self.engine.raw_connection()
+        conn = pooled.driver_connection
         try:
-            conn = pooled.driver_connection
             with conn.transaction():
                 yield conn
         finally:
-            pooled.close()
+            _return_driver_connection(pooled, conn)
 
     @contextmanager
     def driver_autocommit(self) -> Iterator[Any]:
@@ -218,16 +234,12 @@ class Database:
         `autocommit()` for hot single-statement reads, without SQLAlchemy's layers.
         """
         pooled = self.engine.raw_connection()
+        conn = pooled.driver_connection
         try:
-            conn = pooled.driver_connection
             conn.autocommit = True
-            try:
-                yield conn
-            finally:
-                if not conn.closed:  # a dead one is replaced at its next checkout
-                    conn.autocommit = False
+            yield conn
         finally:
-            pooled.close()
+            _return_driver_connection(pooled, conn, autocommit=False)
 
     def driver_statement(self, statement: sa.Executable) -> DriverStatement:
         """`statement` compiled for this engine's driver (see DriverStatement)."""

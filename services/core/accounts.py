@@ -259,6 +259,8 @@ def _new_account_values(
     if new.destination is not None:
         validate_destination(registry, new.destination)
     now = now or utcnow()
+    if now.tzinfo is None:
+        raise ValueError("naive datetime given for an account's timestamps")
     return {
         "id": new_id("acc"),
         "tenant_id": tenant_id,
@@ -278,9 +280,15 @@ _TENANT_USER_KEY = "uq_account_tenant_user"
 def _account_exists(exc: Exception, new: NewAccount) -> AccountExists:
     """409 for a taken externalUserId; any other database error is re-raised."""
     orig = getattr(exc, "orig", exc)
-    # PostgreSQL names the constraint (SQLite does not): only this one means "taken".
+    # Only this key means "taken" (an address collision would be a bug, not a 409).
+    # PostgreSQL names the constraint; SQLite names its columns in the message.
     constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
-    if not is_unique_violation(exc) or constraint not in (None, _TENANT_USER_KEY):
+    ours = (
+        constraint == _TENANT_USER_KEY
+        if constraint is not None
+        else "deposit_accounts.external_user_id" in str(orig)
+    )
+    if not is_unique_violation(exc) or not ours:
         raise exc
     return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
 

@@ -101,8 +101,10 @@ class OutboxNotifier:
         with self._lock:
             if self._closed.is_set() or self._pid == os.getpid():
                 return
-            # A forked child inherits this object but not the thread: it starts its own.
+            # A forked child inherits this object but not the thread: it starts its own
+            # (and not the parent's debt: its own pokes set `_owed` and wake it).
             self._wake = threading.Event()
+            self._owed = False
             self._pid = os.getpid()
             self._thread = threading.Thread(target=self._run, name="outbox-notifier", daemon=True)
             self._thread.start()

@@ -116,3 +116,30 @@ def test_driver_connections_the_server_ended_are_replaced_too(
         with use() as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None and row[0] not in old
+
+
+def test_a_driver_connection_left_inside_a_transaction_is_not_pooled(db: Database) -> None:
+    def backend_pid(conn: Any) -> int:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    # Given a connection that goes back to the pool idle: it is used again, reset
+    with db.driver_autocommit() as conn:
+        first = backend_pid(conn)
+    with db.driver_autocommit() as conn:
+        assert backend_pid(conn) == first
+    # When a caller leaves one inside a transaction
+    with db.driver_autocommit() as conn:
+        conn.execute("BEGIN")
+        left = backend_pid(conn)
+    # Then it is dropped, and the next session is a fresh, non-autocommit connection
+    # whose failed work commits nothing
+    with pytest.raises(RuntimeError), db.transaction() as session:
+        assert session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != left
+        session.execute(sa.text("CREATE TABLE leaked_by_autocommit (id int)"))
+        raise RuntimeError("roll back")
+    with db.reader() as session:
+        assert (
+            session.execute(sa.text("SELECT to_regclass('leaked_by_autocommit')")).scalar() is None
+        )
