@@ -213,11 +213,14 @@ def all_accounts_complete(db: Database, registry: ChainRegistry) -> bool:
 #: Incremental passes re-read this many pks below the watermark: an account whose pk was
 #: allocated before the last pass but committed after it (a slow transaction) is not missed.
 WATERMARK_MARGIN = 1000
+#: One pass in this many re-checks every account (cheap when nothing is missing).
+FULL_CHECK_EVERY = 12
 
 
 def run_address_backfill(ctx: CoreContext, stop: threading.Event) -> None:
     """A full pass at start, then every `address_backfill_interval_s` the accounts above
-    the watermark (minus a margin) until stopped.
+    the watermark (minus a margin), and every FULL_CHECK_EVERY-th time all of them,
+    until stopped.
 
     Repeating matters during a rolling deploy: an API process still on the old chains
     file keeps creating accounts without the new chain. A failed pass is logged and
@@ -225,14 +228,19 @@ def run_address_backfill(ctx: CoreContext, stop: threading.Event) -> None:
     """
     interval = ctx.config.address_backfill_interval_s
     watermark: int | None = None  # None until a full pass has completed
+    passes = 0
     while not stop.is_set():
-        full = watermark is None
+        # Every FULL_CHECK_EVERY passes, the whole table is checked again: an account
+        # whose creation committed long after its pk was drawn (more than the margin
+        # behind the watermark) is not left without its address until a restart.
+        full = watermark is None or passes % FULL_CHECK_EVERY == 0
+        passes += 1
         try:
             if full and all_accounts_complete(ctx.db, ctx.registry):
                 # The common restart: nothing to add, so no need to walk every account.
                 result = BackfillResult(watermark=_max_pk(ctx.db))
             else:
-                after = 0 if watermark is None else max(0, watermark - WATERMARK_MARGIN)
+                after = 0 if full or watermark is None else max(0, watermark - WATERMARK_MARGIN)
                 result = backfill_addresses(
                     ctx.db, ctx.registry, ctx.deriver, after_pk=after, stop=stop
                 )
