@@ -48,10 +48,10 @@ from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.worker import Pipeline, run
 from services.core.fees import refresh_fees
-from services.core.models import DepositAccount, DepositAddress, OutboxEvent
+from services.core.models import OutboxEvent
 from shared.db import Database
 from shared.identity import service as identity
-from shared.timefmt import utcnow
+from tests.support.deposits import insert_account
 
 WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
 USDC_BASE = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
@@ -61,38 +61,20 @@ def add_accounts(
     db: Database, registry: ChainRegistry, deriver: AddressDeriver, tenant_id: str, count: int
 ) -> list[dict[int, str]]:
     """Accounts (rows) with one derived address per active chain; their addresses."""
-    out = []
-    now = utcnow()
     with db.transaction() as session:
-        for _ in range(count):
-            account = DepositAccount(
-                id=f"acc_{uuid.uuid4().hex[:26].upper()}",
-                tenant_id=tenant_id,
+        return [
+            insert_account(
+                session,
+                registry,
+                deriver,
+                tenant_id,
                 external_user_id=f"bench-{uuid.uuid4().hex[:12]}",
-                status="active",
                 dest_chain_id=8453,
                 dest_address=WALLET,
                 dest_token_address=USDC_BASE,
-                metadata_={},
-                created_at=now,
-                updated_at=now,
-            )
-            session.add(account)
-            session.flush()
-            addresses = {}
-            for position, chain in enumerate(registry.active()):
-                address = deriver.derive(chain.chain_id, account.pk)
-                session.add(
-                    DepositAddress(
-                        account_pk=account.pk,
-                        chain_id=chain.chain_id,
-                        address=address,
-                        position=position,
-                    )
-                )
-                addresses[chain.chain_id] = address
-            out.append(addresses)
-    return out
+            ).addresses
+            for _ in range(count)
+        ]
 
 
 def percentile(values: list[float], pct: float) -> float:

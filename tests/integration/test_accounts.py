@@ -505,37 +505,37 @@ def test_scopes(
     assert_error(send(path, json=body, headers=tenant.key_with(*others)), 403, "insufficient_scope")
 
 
-def test_a_failed_creation_writes_nothing(
-    tenant: TenantKeys, core_context: CoreContext, pg_db: Database
+@pytest.mark.parametrize("path", ["session", "driver"])
+def test_a_failed_creation_writes_nothing_and_only_the_user_key_is_a_conflict(
+    path: str, tenant: TenantKeys, core_context: CoreContext, pg_db: Database
 ) -> None:
-    # Given an account whose deposit address a second account will collide with
     registry = core_context.registry
-    with pg_db.transaction() as session:
-        first = accounts.create_account(
-            session,
-            registry,
-            core_context.deriver,
-            tenant.tenant_id,
-            accounts.NewAccount(_uid(), Destination(8453, WALLET, USDC_BASE)),
-            api_key_id=None,
-        )
+
+    def create(uid: str, deriver: accounts.Deriver) -> dict[str, Any]:
+        """Through create_account in a session, or open_account (the API's driver path)."""
+        new = accounts.NewAccount(uid, Destination(8453, WALLET, USDC_BASE))
+        if path == "driver":
+            return accounts.open_account(
+                pg_db, registry, deriver, tenant.tenant_id, new, api_key_id=None
+            )
+        with pg_db.transaction() as session:
+            return accounts.create_account(
+                session, registry, deriver, tenant.tenant_id, new, api_key_id=None
+            )
+
+    # Given an account whose deposit address a second account will collide with
+    first = create(_uid(), core_context.deriver)
     taken = first["depositAddresses"][0]["address"]
 
     class CollidingDeriver:
         def derive(self, chain_id: int, index: int) -> str:
             return taken
 
-    # When the second creation fails at its address insert (after its account row)
+    # When the second creation fails at its address insert (after its account row),
+    # on another unique key than the user's: an error, not account_exists
     uid = _uid()
-    with pytest.raises(sa.exc.IntegrityError), pg_db.transaction() as session:
-        accounts.create_account(
-            session,
-            registry,
-            CollidingDeriver(),
-            tenant.tenant_id,
-            accounts.NewAccount(uid, Destination(8453, WALLET, USDC_BASE)),
-            api_key_id=None,
-        )
+    with pytest.raises((sa.exc.IntegrityError, psycopg.errors.UniqueViolation)):
+        create(uid, CollidingDeriver())
 
     # Then neither its account, its addresses nor its event exist
     with pg_db.reader() as session:
@@ -549,63 +549,8 @@ def test_a_failed_creation_writes_nothing(
     assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
 
     # And a taken externalUserId is account_exists, also with nothing written
-    with pytest.raises(AccountExists), pg_db.transaction() as session:
-        accounts.create_account(
-            session,
-            registry,
-            core_context.deriver,
-            tenant.tenant_id,
-            accounts.NewAccount(first["externalUserId"], Destination(8453, WALLET, USDC_BASE)),
-            api_key_id=None,
-        )
-    assert _count_accounts(pg_db, tenant.tenant_id) == 1
-    assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
-
-
-def test_open_account_failing_writes_nothing_and_only_the_user_key_is_a_conflict(
-    tenant: TenantKeys, core_context: CoreContext, pg_db: Database
-) -> None:
-    # Given an account made through the API's path (the driver's connection)
-    registry = core_context.registry
-    first = accounts.open_account(
-        pg_db,
-        registry,
-        core_context.deriver,
-        tenant.tenant_id,
-        accounts.NewAccount(_uid(), Destination(8453, WALLET, USDC_BASE)),
-        api_key_id=None,
-    )
-    taken = first["depositAddresses"][0]["address"]
-
-    class CollidingDeriver:
-        def derive(self, chain_id: int, index: int) -> str:
-            return taken
-
-    # When a second creation collides on an address (another unique key than the user's)
-    uid = _uid()
-    with pytest.raises(psycopg.errors.UniqueViolation):
-        accounts.open_account(
-            pg_db,
-            registry,
-            CollidingDeriver(),
-            tenant.tenant_id,
-            accounts.NewAccount(uid, Destination(8453, WALLET, USDC_BASE)),
-            api_key_id=None,
-        )
-    # Then it is not reported as account_exists and nothing of it was written
-    assert _count_accounts(pg_db, tenant.tenant_id) == 1
-    assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
-
-    # And a taken externalUserId is account_exists, also with nothing written
     with pytest.raises(AccountExists):
-        accounts.open_account(
-            pg_db,
-            registry,
-            core_context.deriver,
-            tenant.tenant_id,
-            accounts.NewAccount(first["externalUserId"], Destination(8453, WALLET, USDC_BASE)),
-            api_key_id=None,
-        )
+        create(first["externalUserId"], core_context.deriver)
     assert _count_accounts(pg_db, tenant.tenant_id) == 1
     assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
 

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from services.core.addresses import AddressDeriver
 from services.core.chains import ChainRegistry, parse_chains
@@ -130,39 +131,61 @@ def make_account(
     dest_token_address: str | None = None,
 ) -> AccountRef:
     """Insert an account with one derived deposit address per active chain."""
-    deriver = AddressDeriver(test_xpub())
-    dest_chain = registry.get(dest_chain_id)
-    assert dest_chain is not None
-    token = dest_token_address or dest_chain.assets[0].token_address
-    now = utcnow()
     with db.transaction() as session:
-        account = DepositAccount(
-            id=f"acc_{uuid.uuid4().hex[:26].upper()}",
-            tenant_id=tenant_id,
-            external_user_id=external_user_id or f"user-{uuid.uuid4().hex[:10]}",
-            status="active",
+        return insert_account(
+            session,
+            registry,
+            AddressDeriver(test_xpub()),
+            tenant_id,
+            external_user_id=external_user_id,
             dest_chain_id=dest_chain_id,
             dest_address=dest_address,
-            dest_token_address=token,
-            metadata_={},
-            created_at=now,
-            updated_at=now,
+            dest_token_address=dest_token_address,
         )
-        session.add(account)
-        session.flush()
-        addresses = {}
-        for position, chain in enumerate(registry.active()):
-            address = deriver.derive(chain.chain_id, account.pk)
-            session.add(
-                DepositAddress(
-                    account_pk=account.pk,
-                    chain_id=chain.chain_id,
-                    address=address,
-                    position=position,
-                )
+
+
+def insert_account(
+    session: Session,
+    registry: ChainRegistry,
+    deriver: AddressDeriver,
+    tenant_id: str,
+    *,
+    external_user_id: str | None = None,
+    dest_chain_id: int = TEST_CHAIN_ID,
+    dest_address: str = WALLET,
+    dest_token_address: str | None = None,
+) -> AccountRef:
+    """`make_account` in the caller's session (no event: fixtures, not the API)."""
+    token = dest_token_address
+    if token is None:
+        dest_chain = registry.get(dest_chain_id)
+        assert dest_chain is not None
+        token = dest_chain.assets[0].token_address
+    now = utcnow()
+    account = DepositAccount(
+        id=f"acc_{uuid.uuid4().hex[:26].upper()}",
+        tenant_id=tenant_id,
+        external_user_id=external_user_id or f"user-{uuid.uuid4().hex[:10]}",
+        status="active",
+        dest_chain_id=dest_chain_id,
+        dest_address=dest_address,
+        dest_token_address=token,
+        metadata_={},
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(account)
+    session.flush()
+    addresses = {}
+    for position, chain in enumerate(registry.active()):
+        address = deriver.derive(chain.chain_id, account.pk)
+        session.add(
+            DepositAddress(
+                account_pk=account.pk, chain_id=chain.chain_id, address=address, position=position
             )
-            addresses[chain.chain_id] = address
-        return AccountRef(account.pk, account.id, tenant_id, account.external_user_id, addresses)
+        )
+        addresses[chain.chain_id] = address
+    return AccountRef(account.pk, account.id, tenant_id, account.external_user_id, addresses)
 
 
 def set_fee(db: Database, chain_id: int, fee_usd: str) -> None:
