@@ -8,6 +8,7 @@ import marshmallow as ma
 from flask.views import MethodView
 
 from services.notifier import deliveries
+from services.notifier.api.access import READ, WRITE, tenant_id
 from services.notifier.api.schemas import (
     BAD_KEY,
     IDEMPOTENCY_KEY_PARAM,
@@ -33,12 +34,6 @@ blp = Blueprint(
     description="Webhook deliveries: what was sent, every attempt, replay.",
 )
 
-READ, WRITE = "webhooks:read", "webhooks:write"
-
-
-def _tenant() -> str:
-    return auth.current_principal().tenant_id
-
 
 @blp.route("/webhook-deliveries")
 class WebhookDeliveries(MethodView):
@@ -60,7 +55,7 @@ class WebhookDeliveries(MethodView):
         # Dumped inside the session: closing a reader expires the rows.
         with notifier().db.reader() as session:
             page = deliveries.list_deliveries(
-                session, _tenant(), filters, limit=args["limit"], after=after
+                session, tenant_id(), filters, limit=args["limit"], after=after
             )
             items = [delivery_out(d) for d in page.items]
         return {
@@ -77,7 +72,7 @@ class WebhookDelivery(MethodView):
     def get(self, deliveryId: str) -> dict[str, Any]:
         """One delivery with every attempt and the event exactly as sent."""
         with notifier().db.reader() as session:
-            delivery = deliveries.get_delivery(session, _tenant(), deliveryId)
+            delivery = deliveries.get_delivery(session, tenant_id(), deliveryId)
             attempts = deliveries.attempts_of(session, delivery.id)
             event = deliveries.event_envelope(deliveries.event_of(session, delivery))
             return {"webhook_delivery": delivery_detail(delivery, attempts, event)}
@@ -105,6 +100,6 @@ class Replay(MethodView):
         """
         ctx = notifier()
         with ctx.db.transaction() as session:
-            delivery = deliveries.replay(session, _tenant(), deliveryId)
+            delivery = deliveries.replay(session, tenant_id(), deliveryId)
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}

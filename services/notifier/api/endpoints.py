@@ -7,6 +7,7 @@ from typing import Any
 from flask.views import MethodView
 
 from services.notifier import deliveries, endpoints
+from services.notifier.api.access import READ, WRITE, tenant_id
 from services.notifier.api.schemas import (
     BAD_KEY,
     IDEMPOTENCY_KEY_PARAM,
@@ -38,12 +39,6 @@ blp = Blueprint(
     description="Webhook endpoints: register, change, rotate secrets, send tests, recover.",
 )
 
-READ, WRITE = "webhooks:read", "webhooks:write"
-
-
-def _tenant() -> str:
-    return auth.current_principal().tenant_id
-
 
 @blp.route("/webhook-endpoints")
 class WebhookEndpoints(MethodView):
@@ -57,7 +52,7 @@ class WebhookEndpoints(MethodView):
         now = utcnow()
         # Rows are read inside the session: closing a reader expires them.
         with ctx.db.reader() as session:
-            page = endpoints.list_endpoints(session, _tenant(), limit=args["limit"], after=after)
+            page = endpoints.list_endpoints(session, tenant_id(), limit=args["limit"], after=after)
             items = [endpoint_out(e, now) for e in page.items]
         return {
             "webhook_endpoints": items,
@@ -83,7 +78,7 @@ class WebhookEndpoints(MethodView):
             endpoint, secret = endpoints.create_endpoint(
                 session,
                 ctx.secret_box,
-                _tenant(),
+                tenant_id(),
                 name=args["name"],
                 url=args["url"],
                 event_types=args["event_types"],
@@ -102,7 +97,7 @@ class WebhookEndpoint(MethodView):
     def get(self, endpointId: str) -> dict[str, Any]:
         """One webhook endpoint (never its secret)."""
         with notifier().db.reader() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId)
+            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId)
             return {"webhook_endpoint": endpoint_out(endpoint)}
 
     @auth.api_key(blp, WRITE)
@@ -115,7 +110,7 @@ class WebhookEndpoint(MethodView):
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
+            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
             endpoints.update_endpoint(
                 endpoint,
                 name=args.get("name"),
@@ -133,7 +128,7 @@ class WebhookEndpoint(MethodView):
     def delete(self, endpointId: str) -> None:
         """Delete an endpoint: no new deliveries; unfinished ones stop (`endpoint_deleted`)."""
         with notifier().db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
+            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
             endpoints.delete_endpoint(session, endpoint)
 
 
@@ -152,7 +147,7 @@ class RotateSecret(MethodView):
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, _tenant(), endpointId, for_update=True)
+            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
             secret = endpoints.rotate_secret(
                 endpoint,
                 ctx.secret_box,
@@ -180,7 +175,7 @@ class SendTest(MethodView):
         """Send a `webhook.test` event to this endpoint alone; returns the pending delivery."""
         ctx = notifier()
         with ctx.db.transaction() as session:
-            delivery = deliveries.send_test(session, _tenant(), endpointId)
+            delivery = deliveries.send_test(session, tenant_id(), endpointId)
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}
 
@@ -208,7 +203,7 @@ class Recover(MethodView):
         ctx = notifier()
         with ctx.db.transaction() as session:
             made = deliveries.recover(
-                session, _tenant(), endpointId, since=args["since"], until=args["until"]
+                session, tenant_id(), endpointId, since=args["since"], until=args["until"]
             )
         ctx.hand_off([d.id for d in made])
         return {"webhook_deliveries": made}
