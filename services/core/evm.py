@@ -153,6 +153,17 @@ def _hex(value: Any) -> str:
     return HexBytes(value).to_0x_hex()
 
 
+def _transfer_filter(
+    from_block: int, token_addresses: Sequence[str] | None, to_addresses: Sequence[str]
+) -> tuple[list[str], list[str] | None]:
+    """`ChainReader.transfers`' arguments checked: (recipients, tokens or None for any)."""
+    if from_block < 0:
+        raise ValueError(f"from_block must be >= 0, got {from_block}")
+    recipients = _address_list("to_addresses", to_addresses)
+    tokens = None if token_addresses is None else _address_list("tokens", token_addresses)
+    return recipients, tokens
+
+
 def connect(url: str, timeout: float) -> Web3:
     """A Web3 over HTTP JSON-RPC that tolerates proof-of-authority block headers."""
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": timeout}))
@@ -243,10 +254,7 @@ class Web3ChainReader(ChainReader):
         to_addresses: Sequence[str],
     ) -> list[TransferLog]:
         """ERC-20 Transfer logs to `to_addresses` in [from_block, to_block]; any token if None."""
-        if from_block < 0:
-            raise ValueError(f"from_block must be >= 0, got {from_block}")
-        recipients = _address_list("to_addresses", to_addresses)
-        tokens = None if token_addresses is None else _address_list("tokens", token_addresses)
+        recipients, tokens = _transfer_filter(from_block, token_addresses, to_addresses)
         # An empty filter must mean "nothing", never "everything" (which is what an
         # absent address/topic filter means to eth_getLogs).
         if from_block > to_block or not recipients or tokens == []:
@@ -440,10 +448,9 @@ class InMemoryChain(ChainReader):
         to_addresses: Sequence[str],
     ) -> list[TransferLog]:
         """ERC-20 Transfer logs to `to_addresses` in [from_block, to_block]; any token if None."""
-        if from_block < 0:
-            raise ValueError(f"from_block must be >= 0, got {from_block}")
-        recipients = set(_address_list("to_addresses", to_addresses))
-        tokens = None if token_addresses is None else set(_address_list("tokens", token_addresses))
+        wanted, token_list = _transfer_filter(from_block, token_addresses, to_addresses)
+        recipients = set(wanted)
+        tokens = None if token_list is None else set(token_list)
         with self._lock:
             self._maybe_fail()
             return [
