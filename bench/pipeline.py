@@ -210,13 +210,10 @@ def _submit_and_wait(
     }
 
 
-def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
-    from services.core.deposits.watcher import ChainWatcher
-    from tests.support.evm_chain import EvmChain
-
-    evm = EvmChain()
-    token = evm.deploy_token("USDC", 6)
-    chain_id = 31337
+def watched_chain(
+    url: str, chain_id: int, token: str, *, seed: int, accounts: int
+) -> tuple[ChainRegistry, Database, list[str]]:
+    """A one-chain registry (USDC at `token`) and `accounts` deposit addresses of a tenant."""
     toml = (
         f'[default_settlement_venue]\nchain_id = {chain_id}\nasset = "USDC"\n'
         f'[[chains]]\nchain_id = {chain_id}\nname = "Bench"\nstatus = "active"\n'
@@ -226,12 +223,21 @@ def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
     )
     registry = parse_chains(toml)
     db = Database(url, pool_size=4)
-    xpub = Bip32Secp256k1.FromSeed(bytes(range(1, 33))).PublicKey().ToExtended()
+    xpub = Bip32Secp256k1.FromSeed(bytes(range(seed, seed + 32))).PublicKey().ToExtended()
     with db.transaction() as session:
-        tenant, _ = identity.create_tenant(session, "bench-watcher")
-    addresses = [
-        a[chain_id] for a in add_accounts(db, registry, AddressDeriver(xpub), tenant.id, 200)
-    ]
+        tenant, _ = identity.create_tenant(session, f"bench-watcher-{chain_id}")
+    made = add_accounts(db, registry, AddressDeriver(xpub), tenant.id, accounts)
+    return registry, db, [a[chain_id] for a in made]
+
+
+def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
+    from services.core.deposits.watcher import ChainWatcher
+    from tests.support.evm_chain import EvmChain
+
+    evm = EvmChain()
+    token = evm.deploy_token("USDC", 6)
+    chain_id = 31337
+    registry, db, addresses = watched_chain(url, chain_id, token, seed=1, accounts=200)
     sender = evm.new_account()
     evm.mint(token, sender.address, transfers * 10**6 * 2)
     first = evm.head() + 1
@@ -297,21 +303,7 @@ def bench_watcher_in_memory(url: str, transfers: int) -> float:
 
     chain_id = 31338
     token = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
-    toml = (
-        f'[default_settlement_venue]\nchain_id = {chain_id}\nasset = "USDC"\n'
-        f'[[chains]]\nchain_id = {chain_id}\nname = "Bench"\nstatus = "active"\n'
-        'native_symbol = "ETH"\nnative_usd = 3000.0\ngas_price_gwei = 1.0\n'
-        "settlement_gas_units = 65000\nconfirmations = 3\nmin_deposit_usd = 1.0\n"
-        f'[[chains.assets]]\nsymbol = "USDC"\ntoken_address = "{token}"\ndecimals = 6\n'
-    )
-    registry = parse_chains(toml)
-    db = Database(url, pool_size=4)
-    xpub = Bip32Secp256k1.FromSeed(bytes(range(2, 34))).PublicKey().ToExtended()
-    with db.transaction() as session:
-        tenant, _ = identity.create_tenant(session, "bench-watcher-mem")
-    addresses = [
-        a[chain_id] for a in add_accounts(db, registry, AddressDeriver(xpub), tenant.id, 200)
-    ]
+    registry, db, addresses = watched_chain(url, chain_id, token, seed=2, accounts=200)
     chain = InMemoryChain(chain_id)
     for n in range(transfers):
         chain.transfer(token, WALLET, addresses[n % len(addresses)], 10**6 + n)
