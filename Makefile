@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-## Run everything in one process on 127.0.0.1:8000 (SQLite, in-process broker).
+## Run everything in one process on 127.0.0.1:8000 (embedded PostgreSQL, in-process broker).
 dev: $(STAMP)
 	$(BIN)/settle dev --host 127.0.0.1 --port 8000
 
-## Lint, then every test suite (needs PostgreSQL and RabbitMQ on 127.0.0.1).
+## Lint, then every test suite (PostgreSQL: the machine's on 127.0.0.1:5432, else an embedded
+## one; RabbitMQ on 127.0.0.1:5672 for the suites that need it).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q

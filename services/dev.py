@@ -1,8 +1,9 @@
 """`settle dev`: the whole of Settle in one process, for a first run and for demos.
 
-SQLite in SETTLE_DATA_DIR, the in-process event bus instead of RabbitMQ, Dramatiq's
-StubBroker with worker threads, the relay, fee oracle, deposit pipeline and sweeper
-as threads, and both APIs on one port, routed as the ingress routes them.
+An embedded PostgreSQL server in SETTLE_DATA_DIR (started here, stopped on the way
+out; `shared/embedded_postgres.py`), the in-process event bus instead of RabbitMQ,
+Dramatiq's StubBroker with worker threads, the relay, fee oracle, deposit pipeline and
+sweeper as threads, and both APIs on one port, routed as the ingress routes them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -20,7 +22,7 @@ from typing import Any
 
 from services.core.config import CoreConfig
 from services.notifier.config import NotifierConfig
-from shared.db import Database
+from shared.db import Database, normalize_url
 from shared.identity import service as identity
 from shared.identity.models import Tenant
 from shared.routing import is_notifier_path
@@ -114,7 +116,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from services.core.deposits.worker import run_pipeline
     from services.core.fee_oracle import run_fee_oracle
     from services.core.fees import refresh_fees
-    from services.core.relay import install_commit_wakeup, start_relay_thread
+    from services.core.relay import start_relay_thread
     from services.notifier.app import create_app as create_notifier_app
     from services.notifier.engine import start_embedded
 
@@ -124,9 +126,17 @@ def run_dev(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     from shared import components, migrate  # Alembic: loaded only when dev runs
 
-    migrate.upgrade(components.IDENTITY, core_config.identity_database_url)
-    migrate.upgrade(components.CORE, core_config.database_url)
-    migrate.upgrade(components.NOTIFIER, notifier_config.database_url)
+    # Resolved once here: an embedded URL starts (or joins) the data dir's server now.
+    core_url = normalize_url(core_config.database_url)
+    notifier_url = normalize_url(notifier_config.database_url)
+    identity_url = normalize_url(core_config.identity_database_url)
+    core_config = replace(core_config, database_url=core_url, identity_database_url=identity_url)
+    notifier_config = replace(
+        notifier_config, database_url=notifier_url, identity_database_url=identity_url
+    )
+    migrate.upgrade(components.IDENTITY, identity_url)
+    migrate.upgrade(components.CORE, core_url)
+    migrate.upgrade(components.NOTIFIER, notifier_url)
 
     # Imported here: the contexts pull in web3 and friends, which `settle --help` and
     # every other command would otherwise pay for at start.
@@ -146,9 +156,7 @@ def run_dev(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     embedded = start_embedded(notifier_ctx)
-    wake = threading.Event()
-    install_commit_wakeup(db, wake)
-    start_relay_thread(db, lambda: embedded.bus, stop, wake=wake, poll_s=1.0)
+    start_relay_thread(db, lambda: embedded.bus, stop, poll_s=1.0)
     for name, target in (
         ("fee-oracle", run_fee_oracle),
         ("deposit-pipeline", run_pipeline),
@@ -161,6 +169,8 @@ def run_dev(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(banner(args.host, args.port, demo, core_config.database_url))
     sys.stdout.flush()
+    # SIGTERM unwinds like Ctrl-C, so the embedded PostgreSQL is stopped with us (atexit).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         run_simple(args.host, args.port, app, threaded=True, use_reloader=False)
     finally:
@@ -169,8 +179,12 @@ def run_dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("dev", help="everything in one process (SQLite, in-process broker)")
+    p = sub.add_parser("dev", help="everything in one process (embedded PostgreSQL and broker)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(func=run_dev)

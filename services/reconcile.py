@@ -15,7 +15,6 @@ up on one side only. docs/RECONCILE.md explains every kind of discrepancy.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -313,31 +312,10 @@ def _snapshots(
 
 def _pin_snapshot(session: Session) -> sa.Connection:
     """The session's connection, in a transaction whose snapshot is taken now."""
-    if session.get_bind().dialect.name == "postgresql":
-        conn = session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    else:
-        # SQLite: the engine begins every transaction IMMEDIATE, which already isolates.
-        conn = session.connection()
+    conn = session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     # PostgreSQL takes the snapshot at the first statement, not at BEGIN.
     conn.execute(sa.text("SELECT 1"))
     return conn
-
-
-def _is_pg(conn: sa.Connection) -> bool:
-    return conn.dialect.name == "postgresql"
-
-
-def _digest_of(conn: sa.Connection, column: Any) -> tuple[Any, bool]:
-    """The body column, as an MD5 computed by PostgreSQL (not shipped) where possible."""
-    if _is_pg(conn):
-        return sa.func.md5(column), True
-    return column, False
-
-
-def _md5(value: str, hashed: bool) -> str:
-    if hashed:
-        return value
-    return hashlib.md5(value.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 def _stream(conn: sa.Connection, query: sa.Select[Any]) -> Iterator[Sequence[sa.Row[Any]]]:
@@ -345,11 +323,9 @@ def _stream(conn: sa.Connection, query: sa.Select[Any]) -> Iterator[Sequence[sa.
     yield from conn.execute(query.execution_options(yield_per=CHUNK)).partitions()
 
 
-def _one_of(conn: sa.Connection, column: Any, values: Sequence[str]) -> Any:
-    """`column IN values`; on PostgreSQL as `= ANY(array)`: one parameter, not thousands."""
-    if _is_pg(conn):
-        return column == sa.any_(sa.literal(list(values), type_=postgresql.ARRAY(sa.String)))
-    return column.in_(values)
+def _one_of(column: Any, values: Sequence[str]) -> Any:
+    """`column IN values` as `= ANY(array)`: one parameter, not thousands."""
+    return column == sa.any_(sa.literal(list(values), type_=postgresql.ARRAY(sa.String)))
 
 
 def _chunks(items: Sequence[str], size: int = CHUNK) -> Iterator[Sequence[str]]:
@@ -412,7 +388,6 @@ class _Run:
     # -- outbox -> notifier ----------------------------------------------------------
 
     def check_outbox(self) -> None:
-        digest, hashed = _digest_of(self.core, OutboxEvent.body)
         query = (
             sa.select(
                 OutboxEvent.event_id,
@@ -420,7 +395,7 @@ class _Run:
                 OutboxEvent.tenant_id,
                 OutboxEvent.created_at,
                 OutboxEvent.published_at,
-                digest.label("digest"),
+                sa.func.md5(OutboxEvent.body).label("digest"),
             )
             .where(
                 OutboxEvent.created_at >= self.report.since,
@@ -430,9 +405,9 @@ class _Run:
             .order_by(OutboxEvent.created_at, OutboxEvent.id)
         )
         for rows in _stream(self.core, query):
-            self._outbox_chunk(rows, hashed)
+            self._outbox_chunk(rows)
 
-    def _outbox_chunk(self, rows: Sequence[sa.Row[Any]], hashed: bool) -> None:
+    def _outbox_chunk(self, rows: Sequence[sa.Row[Any]]) -> None:
         stored = self._stored_digests([r.event_id for r in rows])
         present = []
         for row in rows:
@@ -468,25 +443,23 @@ class _Run:
                 self.counts.lagging += int(in_flight)
                 continue
             self.counts.stored += 1
-            if digest != _md5(row.digest, hashed):
+            if digest != row.digest:
                 self.report.add(
                     BODY_MISMATCH,
                     row.event_id,
                     row.tenant_id,
-                    f"stored body (md5 {digest}) differs from the outbox body"
-                    f" (md5 {_md5(row.digest, hashed)})",
+                    f"stored body (md5 {digest}) differs from the outbox body (md5 {row.digest})",
                 )
             present.append(row)
         self._check_deliveries(present)
 
     def _stored_digests(self, event_ids: Sequence[str]) -> dict[str, str]:
-        digest, hashed = _digest_of(self.notifier, StoredEvent.body)
         rows = self.notifier.execute(
-            sa.select(StoredEvent.id, digest).where(
-                _one_of(self.notifier, StoredEvent.id, event_ids)
+            sa.select(StoredEvent.id, sa.func.md5(StoredEvent.body)).where(
+                _one_of(StoredEvent.id, event_ids)
             )
         )
-        return {event_id: _md5(value, hashed) for event_id, value in rows}
+        return {event_id: digest for event_id, digest in rows}
 
     def _note_durable(self, row: sa.Row[Any]) -> None:
         status = _DURABLE_TYPES.get(row.event_type)
@@ -513,7 +486,7 @@ class _Run:
                     Endpoint.created_at,
                     Endpoint.updated_at,
                 ).where(
-                    _one_of(self.notifier, Endpoint.tenant_id, chunk),
+                    _one_of(Endpoint.tenant_id, chunk),
                     Endpoint.status == ENABLED,
                     Endpoint.deleted_at.is_(None),
                 )
@@ -539,7 +512,7 @@ class _Run:
                 Delivery.status,
                 Delivery.replay_of,
                 Delivery.created_at,
-            ).where(_one_of(self.notifier, Delivery.event_id, [r.event_id for r in present]))
+            ).where(_one_of(Delivery.event_id, [r.event_id for r in present]))
         )
         for delivery in rows:
             self.counts.deliveries[delivery.status] = (
@@ -643,7 +616,7 @@ class _Run:
         for chunk in _chunks(sorted(by_id)):
             rows = self.core.execute(
                 sa.select(OutboxEvent.event_id, OutboxEvent.body).where(
-                    _one_of(self.core, OutboxEvent.event_id, chunk)
+                    _one_of(OutboxEvent.event_id, chunk)
                 )
             )
             bodies = {event_id: body for event_id, body in rows}
@@ -656,7 +629,7 @@ class _Run:
             existing = set(
                 self.core.scalars(
                     sa.select(OutboxEvent.event_id).where(
-                        _one_of(self.core, OutboxEvent.event_id, list(durable_ids.values()))
+                        _one_of(OutboxEvent.event_id, list(durable_ids.values()))
                     )
                 )
             )
@@ -691,7 +664,7 @@ class _Run:
         for chunk in _chunks(strays):
             rows = self.core.execute(
                 sa.select(Deposit.id, Deposit.tenant_id, Deposit.status, Deposit.created_at).where(
-                    _one_of(self.core, Deposit.id, chunk)
+                    _one_of(Deposit.id, chunk)
                 )
             )
             for row in rows:
@@ -736,7 +709,7 @@ class _Run:
             }
             rows = self.core.execute(
                 sa.select(OutboxEvent.id, OutboxEvent.event_id).where(
-                    _one_of(self.core, OutboxEvent.event_id, list(wanted))
+                    _one_of(OutboxEvent.event_id, list(wanted))
                 )
             )
             for pk, event_id in rows:

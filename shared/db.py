@@ -20,6 +20,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
+from shared import embedded_postgres
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -29,15 +31,15 @@ POOL_RECYCLE_S = 1800
 _DATABASE = "settle.database"
 _AFTER_COMMIT = "settle.after_commit"
 
-#: JSON column: JSONB on PostgreSQL, JSON text elsewhere.
-JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
+#: JSON column (JSONB).
+JSONType = JSONB()
 
-#: Autoincrement big integer that SQLite also treats as its rowid alias.
-BigIntPK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+#: Autoincrement big integer primary key.
+BigIntPK = sa.BigInteger()
 
 
 class UTCDateTime(sa.TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
+    """Timezone-aware UTC datetimes: naive values are refused, values read come back in UTC."""
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
@@ -58,7 +60,10 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 
 
 def normalize_url(url: str) -> str:
-    """Use psycopg 3 for plain `postgresql://` URLs."""
+    """The SQLAlchemy URL for `url`: psycopg 3 for `postgresql://` URLs; an embedded URL
+    (`embedded_postgres.URL_SCHEME`) starts or joins the embedded server it names."""
+    if embedded_postgres.is_embedded_url(url):
+        url = embedded_postgres.resolve(url)
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
@@ -66,37 +71,11 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
-
-
 def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
-    """An engine tuned per backend (SQLite: WAL + immediate transactions)."""
+    """A PostgreSQL engine with a liveness check on checkout instead of a ping."""
     url = normalize_url(url)
-    if is_sqlite(url):
-        engine = sa.create_engine(
-            url,
-            echo=echo,
-            connect_args={"check_same_thread": False, "timeout": 30, "isolation_level": None},
-        )
-
-        @sa.event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: sa.Connection) -> None:
-            if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-                return  # single statements (Database.autocommit) take no write lock
-            # Writers queue on the lock up front instead of failing on upgrade.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
+    if not url.startswith("postgresql"):
+        raise ValueError(f"Settle runs on PostgreSQL only; not a PostgreSQL URL: {url!r}")
     engine = sa.create_engine(
         url,
         echo=echo,
@@ -203,12 +182,10 @@ class Database:
         self._attachments_lock = threading.Lock()
 
     @property
-    def is_sqlite(self) -> bool:
-        return is_sqlite(self.url)
-
-    @property
-    def is_postgresql(self) -> bool:
-        return self.engine.dialect.name == "postgresql"
+    def libpq_url(self) -> str:
+        """This database's URL for a plain psycopg connection (LISTEN/NOTIFY, admin work)."""
+        url = self.engine.url.set(drivername="postgresql")
+        return url.render_as_string(hide_password=False)
 
     @contextmanager
     def driver_transaction(self) -> Iterator[Any]:
@@ -344,9 +321,6 @@ def _forget_after_commit(session: Session, previous: SessionTransaction) -> None
 
 
 def is_unique_violation(exc: BaseException) -> bool:
-    """True when a DBAPI error is a unique-constraint failure (PostgreSQL or SQLite)."""
+    """True when a DBAPI error (or SQLAlchemy's wrapper of one) is a unique-constraint failure."""
     orig = getattr(exc, "orig", exc)
-    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    if sqlstate == "23505":
-        return True
-    return "UNIQUE constraint failed" in str(orig)
+    return getattr(orig, "sqlstate", None) == "23505"

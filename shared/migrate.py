@@ -87,7 +87,6 @@ def run_env(target_metadata: MetaData | None = None) -> None:
                 version_table=cfg.attributes["version_table"],
                 target_metadata=target_metadata,
                 include_name=_only_own_tables(target_metadata),
-                render_as_batch=connection.dialect.name == "sqlite",
             )
             with context.begin_transaction():
                 context.run_migrations()

@@ -89,11 +89,19 @@ def data_dir(env: Mapping[str, str]) -> Path:
 
 
 def default_database_url(env: Mapping[str, str]) -> str:
-    """SETTLE_DATABASE_URL, else a SQLite file in the data dir (the embedded mode)."""
+    """SETTLE_DATABASE_URL, else (dev only) the embedded PostgreSQL of the data dir.
+
+    The embedded server is named, not started: it starts when a process first connects
+    (shared.db resolves the URL), so reading settings has no side effect.
+    """
+    from shared import embedded_postgres
+
     url = env_str(env, "SETTLE_DATABASE_URL")
     if url:
         return url
-    return f"sqlite:///{(data_dir(env) / 'settle.db').resolve()}"
+    if env_mode(env) == "production":
+        raise SettingsError("SETTLE_DATABASE_URL is required in production (a PostgreSQL URL)")
+    return embedded_postgres.url_for(data_dir(env))
 
 
 def environ() -> Mapping[str, str]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
@@ -27,27 +26,19 @@ from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.models import SCOPES
 from tests.support.keys import test_xpub
-from tests.support.services import PG_ADMIN_URL, require_service
-
-
-def _admin_exec(sql: str) -> None:
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)
+from tests.support.services import create_database, drop_database
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this test run."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
+    """A fresh, migrated PostgreSQL database for this test run (see tests/support/services.py)."""
     name = os.environ.get("SETTLE_TEST_DB", f"settle_test_{os.getpid()}")
-    _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    _admin_exec(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    url = create_database(name)
     for component in (components.IDENTITY, components.CORE, components.NOTIFIER):
         migrate.upgrade(component, url)
     yield url
     if not os.environ.get("SETTLE_TEST_KEEP_DB"):
-        _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from services.core.destinations import Destination, validate_destination
 from services.core.models import DepositAccount, DepositAddress, DestinationPolicy
 from services.core.outbox_wakeup import wake_relay
 from shared import events
-from shared.db import Database, DriverStatement, is_unique_violation
+from shared.db import Database, DriverStatement
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
 from shared.timefmt import iso_ms, utcnow
@@ -171,7 +171,7 @@ def account_document(account: DepositAccount, registry: ChainRegistry) -> dict[s
 
 
 def create_account(
-    session: Session,
+    db: Database,
     registry: ChainRegistry,
     deriver: Deriver,
     tenant_id: str,
@@ -182,48 +182,13 @@ def create_account(
 ) -> dict[str, Any]:
     """Create an account, its deposit addresses and `deposit.account.created`; the document.
 
-    Without a destination the tenant's policy is copied as it is now. A taken
-    externalUserId is 409 `account_exists` (the unique key decides, so concurrent
-    creations cannot both win). Runs in the caller's session; `open_account` is the
-    API's faster entry on PostgreSQL.
+    Without a destination the tenant's policy is copied as it is now, inside the account
+    INSERT. A taken externalUserId is 409 `account_exists` (the unique key decides, so
+    concurrent creations cannot both win). One transaction of two statements on the
+    fast executor (`Database.driver_transaction`): the account INSERT, then one statement
+    for the addresses and the outbox row (the addresses derive from the account's
+    sequence value, which only the first statement knows).
     """
-    values = _new_account_values(registry, tenant_id, new, api_key_id, now)
-    try:
-        inserted = _insert_account(session, values, new.destination)
-    except sa.exc.IntegrityError as exc:
-        raise _account_exists(exc, new) from None
-    pk, destination = _inserted(registry, inserted, new)
-    derived = _derive(registry, deriver, pk)
-    # One executemany: psycopg pipelines the rows in a single round trip.
-    session.execute(_INSERT_ADDRESSES, _address_rows(registry, pk, derived))
-    document = _created_document(values, destination, registry, derived)
-    outbox.emit(session, events.ACCOUNT_CREATED, tenant_id, {"depositAccount": document})
-    return document
-
-
-def open_account(
-    db: Database,
-    registry: ChainRegistry,
-    deriver: Deriver,
-    tenant_id: str,
-    new: NewAccount,
-    *,
-    api_key_id: str | None,
-    now: datetime | None = None,
-) -> dict[str, Any]:
-    """`create_account` in a transaction of its own: what POST /v1/deposit-accounts runs.
-
-    On PostgreSQL the same two statements run on the driver's connection instead of a
-    SQLAlchemy session: the account INSERT (policy copied inside it), then one
-    statement for the addresses and the outbox row, then COMMIT. SQLAlchemy's cost
-    per session and statement was most of this request's CPU (docs/PERFORMANCE.md);
-    the statements are still SQLAlchemy constructs, compiled once.
-    """
-    if not db.is_postgresql:
-        with db.transaction() as session:
-            return create_account(
-                session, registry, deriver, tenant_id, new, api_key_id=api_key_id, now=now
-            )
     statements = _driver_statements(db, len(registry.active()))
     values = _new_account_values(registry, tenant_id, new, api_key_id, now)
     params = _insert_params(values, new.destination)
@@ -277,18 +242,10 @@ def _new_account_values(
 _TENANT_USER_KEY = "uq_account_tenant_user"
 
 
-def _account_exists(exc: Exception, new: NewAccount) -> AccountExists:
+def _account_exists(exc: psycopg.errors.UniqueViolation, new: NewAccount) -> AccountExists:
     """409 for a taken externalUserId; any other database error is re-raised."""
-    orig = getattr(exc, "orig", exc)
     # Only this key means "taken" (an address collision would be a bug, not a 409).
-    # PostgreSQL names the constraint; SQLite names its columns in the message.
-    constraint = getattr(getattr(orig, "diag", None), "constraint_name", None)
-    ours = (
-        constraint == _TENANT_USER_KEY
-        if constraint is not None
-        else "deposit_accounts.external_user_id" in str(orig)
-    )
-    if not is_unique_violation(exc) or not ours:
+    if exc.diag.constraint_name != _TENANT_USER_KEY:
         raise exc
     return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
 
@@ -350,8 +307,8 @@ def _table(model: type[Any]) -> sa.Table:
     return table
 
 
-# The hot path's statements, built once: SQLAlchemy then reuses their cache keys and
-# compiled forms instead of rebuilding and re-hashing a construct per request.
+# The hot path's statements, built once and compiled once per database (see
+# `_driver_statements`).
 _ACCOUNTS = _table(DepositAccount)
 _POLICIES = _table(DestinationPolicy)
 _ADDRESSES = _table(DepositAddress)
@@ -383,7 +340,6 @@ _INSERT_INHERITED = (
     )
     .returning(*_RETURNING)
 )
-_INSERT_ADDRESSES = _ADDRESSES.insert().inline()
 
 
 @dataclass(frozen=True)
@@ -440,30 +396,6 @@ def _insert_params(values: dict[str, Any], destination: Destination | None) -> d
             "dest_token_address": destination.token_address,
         }
     return params
-
-
-def _insert_account(
-    session: Session, values: dict[str, Any], destination: Destination | None
-) -> tuple[int, Destination] | None:
-    """Insert the account row; (pk, destination), or None when it should inherit and no
-    policy exists.
-
-    Inheriting copies the policy inside the INSERT (INSERT .. SELECT from the policy
-    row), so the hot path saves a round trip and reads the policy as of this statement.
-    """
-    if destination is None:
-        row = session.execute(_INSERT_INHERITED, values).first()
-    else:
-        params = {
-            **values,
-            "dest_chain_id": destination.chain_id,
-            "dest_address": destination.address,
-            "dest_token_address": destination.token_address,
-        }
-        row = session.execute(_INSERT_GIVEN, params).first()
-    if row is None:
-        return None
-    return row[0], Destination(row[1], row[2], row[3])
 
 
 def _account_query(tenant_id: str) -> sa.Select[tuple[DepositAccount]]:

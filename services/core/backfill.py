@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from services.core.accounts import Deriver
@@ -93,15 +93,13 @@ def _insert_ignoring_conflicts(session: Session, rows: list[dict[str, object]]) 
 
     Returns the account pk of each row inserted.
     """
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = (
-        insert(DepositAddress)
+        postgresql.insert(DepositAddress)
         .on_conflict_do_nothing(index_elements=["account_pk", "chain_id"])
         .returning(DepositAddress.account_pk)
     )
     inserted: list[int] = []
-    # Chunked: a statement's bound parameters are limited (SQLite: 32766).
+    # Chunked: a statement's bound parameters are limited (PostgreSQL: 65535).
     for start in range(0, len(rows), INSERT_CHUNK):
         # RETURNING lists only the rows actually inserted: exact counts even when a
         # concurrent runner won some of them.

@@ -52,7 +52,6 @@ class DepositAccount(CoreBase):
         sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
         # GET /v1/deposit-accounts: a tenant's accounts newest first, keyset on pk.
         sa.Index("ix_deposit_accounts_tenant_pk", "tenant_id", "pk"),
-        {"sqlite_autoincrement": True},
     )
 
     #: Also the BIP32 index of the account's deposit addresses: never reused.
@@ -97,9 +96,7 @@ class OutboxEvent(CoreBase):
             "ix_outbox_unpublished",
             "id",
             postgresql_where=sa.text("published_at IS NULL"),
-            sqlite_where=sa.text("published_at IS NULL"),
         ),
-        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

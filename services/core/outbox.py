@@ -1,10 +1,10 @@
 """The transactional outbox: events are rows written with the change that caused them.
 
 `emit` adds the row to the caller's transaction; the relay (services/core/relay.py)
-publishes committed rows. The relay is woken once the transaction has committed:
-on PostgreSQL by a `NOTIFY settle_outbox` sent outside the writer's transaction
+publishes committed rows. The relay is woken once the transaction has committed, by a
+`NOTIFY settle_outbox` sent outside the writer's transaction
 (services/core/outbox_wakeup.py: a NOTIFY inside it would serialise every writer's
-commit), in the embedded mode by `WROTE_OUTBOX` and an in-process event.
+commit).
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events
 from shared.timefmt import parse_iso, utcnow
 
-__all__ = ["NOTIFY_CHANNEL", "WROTE_OUTBOX", "emit"]
-
-#: Session.info flag: the session wrote outbox rows (for the in-process wake-up).
-WROTE_OUTBOX = "settle.wrote_outbox"
+__all__ = ["NOTIFY_CHANNEL", "emit"]
 
 _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
@@ -79,6 +76,5 @@ def emit(
     # ORM object flushed with them (a no-op check when there are none).
     session.flush()
     session.execute(_INSERT, row)
-    session.info[WROTE_OUTBOX] = True
     request_wakeup(session)
     return envelope

@@ -44,21 +44,16 @@ CONNECT_TIMEOUT_S = 5
 
 
 def request_wakeup(session: Session) -> None:
-    """Wake the relay once this session's transaction commits (PostgreSQL; else no-op)."""
+    """Wake the relay once this session's transaction commits."""
     db = database_of(session)
-    if db is None or db.is_sqlite:
+    if db is None:
         return
     after_commit(session, db.attachment(ATTACHMENT, OutboxNotifier).poke)
 
 
 def wake_relay(db: Database) -> None:
-    """Wake the relay now: for outbox rows committed outside a session (PostgreSQL)."""
-    if not db.is_sqlite:
-        db.attachment(ATTACHMENT, OutboxNotifier).poke()
-
-
-def _libpq_url(db: Database) -> str:
-    return db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    """Wake the relay now: for outbox rows committed outside a session."""
+    db.attachment(ATTACHMENT, OutboxNotifier).poke()
 
 
 class OutboxNotifier:
@@ -74,7 +69,7 @@ class OutboxNotifier:
     APPLICATION_NAME = "settle-outbox-notifier"
 
     def __init__(self, db: Database, *, channel: str = NOTIFY_CHANNEL) -> None:
-        self._url = _libpq_url(db)
+        self._url = db.libpq_url
         self._statement = f"NOTIFY {channel}"
         self._lock = threading.Lock()
         self._wake = threading.Event()

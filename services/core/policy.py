@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from services.core.chains import ChainRegistry
@@ -56,9 +56,7 @@ def put_policy(
         "created_at": now,
         "updated_at": now,
     }
-    # INSERT .. ON CONFLICT DO UPDATE exists on both backends; only the import differs.
-    dialect = session.get_bind().dialect.name
-    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(DestinationPolicy)
+    insert = postgresql.insert(DestinationPolicy)
     statement = (
         insert.values(values)
         .on_conflict_do_update(

@@ -14,12 +14,11 @@ Polling every `poll_s` is only the fallback.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -31,7 +30,8 @@ from sqlalchemy.orm import Session
 
 from services.core.config import CoreConfig
 from services.core.models import OutboxEvent
-from services.core.outbox import NOTIFY_CHANNEL, WROTE_OUTBOX
+from services.core.outbox import NOTIFY_CHANNEL
+from shared.backoff import Backoff
 from shared.bus import BusNames, EventPublisher, OutgoingEvent, PublishError, RabbitPublisher
 from shared.db import Database
 from shared.timefmt import utcnow
@@ -95,8 +95,6 @@ def outbox_lag(db: Database, now: datetime | None = None) -> tuple[int, float]:
         ).one()
     if not count or oldest is None:
         return 0, 0.0
-    if oldest.tzinfo is None:  # SQLite aggregate bypasses the column type
-        oldest = oldest.replace(tzinfo=UTC)
     return int(count), max(0.0, ((now or utcnow()) - oldest).total_seconds())
 
 
@@ -119,30 +117,10 @@ def relay_once(
     On a publish failure the rows confirmed so far are still marked, then the
     PublishError propagates; the others stay for the next round.
     """
-    if db.is_sqlite:
-        return _relay_once_unlocked(db, publisher, batch_size, metrics)
     with db.transaction() as session:
         rows = session.execute(_unpublished(batch_size).with_for_update(skip_locked=True)).all()
         confirmed, failure = _publish(publisher, rows)
         _mark(session, confirmed)
-    return _done(confirmed, failure, metrics)
-
-
-def _relay_once_unlocked(
-    db: Database, publisher: EventPublisher, batch_size: int, metrics: RelayMetrics | None
-) -> int:
-    """SQLite (the embedded mode, one relay): read, publish, then mark, each apart.
-
-    SQLite has one writer at a time, and the in-process bus writes the notifier's
-    rows to the same file: holding the outbox transaction across the publish would
-    deadlock. With a single relay nothing else can take the rows in between.
-    """
-    with db.reader() as session:
-        rows = session.execute(_unpublished(batch_size)).all()
-    confirmed, failure = _publish(publisher, rows)
-    if confirmed:
-        with db.transaction() as session:
-            _mark(session, confirmed)
     return _done(confirmed, failure, metrics)
 
 
@@ -186,34 +164,11 @@ def _done(confirmed: list[int], failure: PublishError | None, metrics: RelayMetr
     return len(confirmed)
 
 
-def install_commit_wakeup(db: Database, wake: threading.Event) -> None:
-    """Set `wake` after every commit of `db`'s sessions that wrote outbox rows.
-
-    For the embedded mode (SQLite has no LISTEN/NOTIFY); harmless on PostgreSQL.
-    """
-
-    def after_commit(session: Session) -> None:
-        if session.info.pop(WROTE_OUTBOX, False):
-            wake.set()
-
-    def after_rollback(session: Session) -> None:
-        session.info.pop(WROTE_OUTBOX, None)
-
-    sa.event.listen(db.sessions, "after_commit", after_commit)
-    sa.event.listen(db.sessions, "after_rollback", after_rollback)
-
-
-def _libpq_url(db: Database) -> str:
-    """The SQLAlchemy URL as a plain libpq URL for a raw psycopg connection."""
-    url = db.engine.url.set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
-
-
 class _Listener:
     """A dedicated autocommit connection LISTENing on the outbox channel (PostgreSQL)."""
 
     def __init__(self, db: Database) -> None:
-        self._url = _libpq_url(db)
+        self._url = db.libpq_url
         self._conn: psycopg.Connection[Any] | None = None
 
     def wait(self, timeout: float) -> bool:
@@ -245,20 +200,6 @@ class _Listener:
                 conn.close()
 
 
-class _Backoff:
-    """Capped exponential backoff with jitter."""
-
-    def __init__(self, first: float = BACKOFF_FIRST_S, cap: float = BACKOFF_MAX_S) -> None:
-        self.first, self.cap, self.current = first, cap, 0.0
-
-    def next(self) -> float:
-        self.current = self.first if self.current == 0 else min(self.cap, self.current * 2)
-        return self.current * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self.current = 0.0
-
-
 @contextmanager
 def _closing(publisher: EventPublisher) -> Iterator[EventPublisher]:
     try:
@@ -273,19 +214,14 @@ def run_relay(
     stop: threading.Event,
     *,
     poll_s: float = 1.0,
-    wake: threading.Event | None = None,
     batch_size: int = BATCH_SIZE,
     metrics: RelayMetrics | None = None,
 ) -> None:
-    """Relay until `stop` is set: drain, then sleep until a commit, a poll tick or `stop`.
-
-    `wake`: an in-process event (see `install_commit_wakeup`), used when the database
-    is not PostgreSQL, or in addition to LISTEN when it is.
-    """
-    listener = None if db.is_sqlite else _Listener(db)
-    backoff = _Backoff()
+    """Relay until `stop`: drain, then sleep until a commit (LISTEN), a poll tick or `stop`."""
+    listener = _Listener(db)
+    backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
     with _closing(publisher_factory()) as publisher:
-        log.info("outbox relay started (%s)", "LISTEN" if listener else "in-process wake-up")
+        log.info("outbox relay started")
         try:
             while not stop.is_set():
                 try:
@@ -305,38 +241,27 @@ def run_relay(
                 backoff.reset()
                 if published >= batch_size:
                     continue  # more may wait: drain before sleeping
-                _sleep(listener, wake, stop, poll_s)
+                _sleep(listener, stop, poll_s)
                 try:
                     publisher.keepalive()
                 except Exception:  # a broken connection is reopened by the next publish
                     log.warning("outbox relay: keepalive failed; reconnecting", exc_info=True)
                     publisher.close()
         finally:
-            if listener is not None:
-                listener.close()
+            listener.close()
             log.info("outbox relay stopped")
 
 
-def _sleep(
-    listener: _Listener | None, wake: threading.Event | None, stop: threading.Event, poll_s: float
-) -> None:
+def _sleep(listener: _Listener, stop: threading.Event, poll_s: float) -> None:
     """Until the next commit (or poll tick), and never longer than a stop check allows."""
-    if listener is not None:
-        deadline = time.monotonic() + poll_s
-        while not stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            # Short slices so `stop` is seen promptly while no commit comes.
-            if listener.wait(min(remaining, 0.5)):
-                return
-            if wake is not None and wake.is_set():
-                wake.clear()
-                return
-        return
-    event = wake or stop
-    if event.wait(poll_s) and wake is not None:
-        wake.clear()
+    deadline = time.monotonic() + poll_s
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        # Short slices so `stop` is seen promptly while no commit comes.
+        if listener.wait(min(remaining, 0.5)):
+            return
 
 
 def relay_publisher_factory(config: CoreConfig) -> PublisherFactory:
@@ -358,14 +283,13 @@ def start_relay_thread(
     stop: threading.Event,
     *,
     poll_s: float = 1.0,
-    wake: threading.Event | None = None,
     metrics: RelayMetrics | None = None,
 ) -> threading.Thread:
     """`run_relay` in a daemon thread (the embedded mode and tests)."""
     thread = threading.Thread(
         target=run_relay,
         args=(db, publisher_factory, stop),
-        kwargs={"poll_s": poll_s, "wake": wake, "metrics": metrics},
+        kwargs={"poll_s": poll_s, "metrics": metrics},
         name="outbox-relay",
         daemon=True,
     )

@@ -99,10 +99,7 @@ class Attempt(NotifierBase):
     """One HTTP attempt of a delivery, as it happened."""
 
     __tablename__ = "webhook_attempts"
-    __table_args__ = (
-        sa.Index("ix_attempts_delivery", "delivery_id", "number"),
-        {"sqlite_autoincrement": True},
-    )
+    __table_args__ = (sa.Index("ix_attempts_delivery", "delivery_id", "number"),)
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     delivery_id: Mapped[str] = mapped_column(sa.ForeignKey("webhook_deliveries.id"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -10,8 +11,16 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 _hasher = PasswordHasher()
-#: Checked against when the email is unknown, so both paths take as long.
-_DUMMY_HASH = _hasher.hash("settle-dummy-password")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Checked against when the email is unknown, so both paths take as long.
+
+    Made on first use, not at import: a hash costs ~0.1-0.5 s of CPU, which every
+    process (and `settle --help`) would otherwise pay at start.
+    """
+    return _hasher.hash("settle-dummy-password")
 
 
 def token_hash(token: str) -> str:
@@ -46,6 +55,7 @@ def hash_password(password: str) -> str:
 def check_password(password_hash: str | None, password: str) -> bool:
     """Constant work whether or not the member exists."""
     try:
-        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+        checked = _hasher.verify(password_hash or _dummy_hash(), password)
+        return checked and password_hash is not None
     except (VerificationError, InvalidHashError):
         return False

@@ -111,7 +111,6 @@ class ActiveKey:
 
 
 #: One statement for the key and its tenant: one round trip per authenticated request.
-#: Built once, so SQLAlchemy reuses its cache key and compiled form.
 _ACTIVE_KEY = (
     sa.select(ApiKey.id, ApiKey.tenant_id, ApiKey.scopes, Tenant.sandbox)
     .join(Tenant, Tenant.id == ApiKey.tenant_id)
@@ -119,24 +118,12 @@ _ACTIVE_KEY = (
 )
 
 
-def find_active_key(conn: Session | sa.Connection, plain: str) -> ActiveKey | None:
-    """The unrevoked key with this value and its tenant's sandbox flag, or None."""
-    if not _could_be_key(plain):
-        return None
-    row = conn.execute(_ACTIVE_KEY, {"key_hash": token_hash(plain)}).first()
-    return None if row is None else _active_key(row)
-
-
 def authenticate_key(db: Database, plain: str) -> ActiveKey | None:
-    """`find_active_key` in one autocommit statement: what every API-key request runs.
+    """The unrevoked key with this value and its tenant's sandbox flag, or None.
 
-    On PostgreSQL on the driver's connection, with the statement compiled once: the
-    lookup is on every authenticated request, and SQLAlchemy's layers cost more than
-    the query itself.
+    Every authenticated request runs it: one autocommitted statement on the fast
+    executor (compiled once), as SQLAlchemy's layers cost more than the query itself.
     """
-    if not db.is_postgresql:
-        with db.autocommit() as conn:
-            return find_active_key(conn, plain)
     if not _could_be_key(plain):
         return None
     lookup = db.attachment("identity.active_key", lambda d: d.driver_statement(_ACTIVE_KEY))

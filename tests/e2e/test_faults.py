@@ -108,7 +108,6 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack_url() -> Iterator[str]:
     """A database of the module's own: the processes relay and sweep every row they see."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
     require_service("RabbitMQ", "127.0.0.1", 5672)
     with isolated_database("faults") as url:
         yield url

@@ -281,19 +281,18 @@ def test_odd_external_user_ids_work_in_paths(
 def test_default_limit_is_50_and_pages_cover_everything_once(
     client: FlaskClient, tenant: TenantKeys, core_context: CoreContext
 ) -> None:
-    # Given 53 accounts (made in one transaction through the same use case)
+    # Given 53 accounts (made through the same use case as the API)
     made = []
-    with core_context.db.transaction() as session:
-        for i in range(53):
-            doc = accounts.create_account(
-                session,
-                core_context.registry,
-                core_context.deriver,
-                tenant.tenant_id,
-                accounts.NewAccount(f"bulk-{i:02d}", Destination(8453, WALLET, USDC_BASE)),
-                api_key_id=tenant.api_key_id,
-            )
-            made.append(doc["id"])
+    for i in range(53):
+        doc = accounts.create_account(
+            core_context.db,
+            core_context.registry,
+            core_context.deriver,
+            tenant.tenant_id,
+            accounts.NewAccount(f"bulk-{i:02d}", Destination(8453, WALLET, USDC_BASE)),
+            api_key_id=tenant.api_key_id,
+        )
+        made.append(doc["id"])
 
     # When listing without a limit, then 50 come back, newest first, with a cursor
     first = client.get(PATH, headers=tenant.headers).get_json()
@@ -505,23 +504,16 @@ def test_scopes(
     assert_error(send(path, json=body, headers=tenant.key_with(*others)), 403, "insufficient_scope")
 
 
-@pytest.mark.parametrize("path", ["session", "driver"])
 def test_a_failed_creation_writes_nothing_and_only_the_user_key_is_a_conflict(
-    path: str, tenant: TenantKeys, core_context: CoreContext, pg_db: Database
+    tenant: TenantKeys, core_context: CoreContext, pg_db: Database
 ) -> None:
     registry = core_context.registry
 
     def create(uid: str, deriver: accounts.Deriver) -> dict[str, Any]:
-        """Through create_account in a session, or open_account (the API's driver path)."""
         new = accounts.NewAccount(uid, Destination(8453, WALLET, USDC_BASE))
-        if path == "driver":
-            return accounts.open_account(
-                pg_db, registry, deriver, tenant.tenant_id, new, api_key_id=None
-            )
-        with pg_db.transaction() as session:
-            return accounts.create_account(
-                session, registry, deriver, tenant.tenant_id, new, api_key_id=None
-            )
+        return accounts.create_account(
+            pg_db, registry, deriver, tenant.tenant_id, new, api_key_id=None
+        )
 
     # Given an account whose deposit address a second account will collide with
     first = create(_uid(), core_context.deriver)
@@ -534,7 +526,7 @@ def test_a_failed_creation_writes_nothing_and_only_the_user_key_is_a_conflict(
     # When the second creation fails at its address insert (after its account row),
     # on another unique key than the user's: an error, not account_exists
     uid = _uid()
-    with pytest.raises((sa.exc.IntegrityError, psycopg.errors.UniqueViolation)):
+    with pytest.raises(psycopg.errors.UniqueViolation):
         create(uid, CollidingDeriver())
 
     # Then neither its account, its addresses nor its event exist
@@ -556,64 +548,51 @@ def test_a_failed_creation_writes_nothing_and_only_the_user_key_is_a_conflict(
 
 
 @pytest.mark.parametrize("given", [False, True], ids=["inherited", "given"])
-def test_driver_and_session_paths_store_the_same(
+def test_the_stored_rows_and_the_event_are_the_document(
     given: bool, policy_tenant: TenantKeys, core_context: CoreContext, pg_db: Database
 ) -> None:
-    # Given the same creation through the session path and the API's driver path
+    # Given a creation with a given destination, or inheriting the policy
     now = accounts.utcnow()
     dest = Destination(1, WALLET_2, USDT_ETH) if given else None
     metadata = {"tier": "gold", "n": 3, "ok": True, "none": None}
-    common = (core_context.registry, core_context.deriver, policy_tenant.tenant_id)
-    with pg_db.transaction() as session:
-        by_session = accounts.create_account(
-            session,
-            *common,
-            accounts.NewAccount(_uid(), dest, metadata),
-            api_key_id="key_x",
-            now=now,
-        )
-    by_driver = accounts.open_account(
-        pg_db, *common, accounts.NewAccount(_uid(), dest, metadata), api_key_id="key_x", now=now
-    )
-
-    # Then the documents differ only in their ids and addresses (derived per account)
-    def shape(document: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **document,
-            "id": None,
-            "externalUserId": None,
-            "depositAddresses": [{**a, "address": None} for a in document["depositAddresses"]],
-        }
-
-    assert shape(by_session) == shape(by_driver)
-    # And so do the stored rows and the events, which carry exactly the documents
-    rows = [_account_row(pg_db, d["id"]) for d in (by_session, by_driver)]
-    columns = (
-        "status",
-        "dest_chain_id",
-        "dest_address",
-        "dest_token_address",
-        "dest_set_by_key_id",
-        "metadata_",
-        "created_at",
-        "updated_at",
-        "tenant_id",
-    )
-    assert [getattr(rows[0], c) for c in columns] == [getattr(rows[1], c) for c in columns]
     registry, deriver = core_context.registry, core_context.deriver
-    for row in rows:
-        with pg_db.reader() as session:
-            stored = session.execute(
-                sa.select(DepositAddress.chain_id, DepositAddress.address, DepositAddress.position)
-                .where(DepositAddress.account_pk == row.pk)
-                .order_by(DepositAddress.chain_id)
-            ).all()
-        assert [tuple(r) for r in stored] == sorted(
-            (c.chain_id, deriver.derive(c.chain_id, row.pk), registry.position(c.chain_id))
-            for c in registry.active()
-        )
+    document = accounts.create_account(
+        pg_db,
+        registry,
+        deriver,
+        policy_tenant.tenant_id,
+        accounts.NewAccount(_uid(), dest, metadata),
+        api_key_id="key_x",
+        now=now,
+    )
+
+    # Then the stored account row says what the document says
+    row = _account_row(pg_db, document["id"])
+    expected_dest = dest or Destination(8453, WALLET, USDC_BASE)
+    assert (row.dest_chain_id, row.dest_address, row.dest_token_address) == (
+        expected_dest.chain_id,
+        expected_dest.address,
+        expected_dest.token_address,
+    )
+    assert document["destination"] == expected_dest.document()
+    assert (row.status, row.dest_set_by_key_id, row.metadata_, row.tenant_id) == (
+        "active",
+        "key_x",
+        metadata,
+        policy_tenant.tenant_id,
+    )
+    assert row.created_at == row.updated_at == now
+    # And the stored addresses are the derived ones, one per active chain, in order
+    with pg_db.reader() as session:
+        stored = session.execute(
+            sa.select(DepositAddress.chain_id, DepositAddress.address, DepositAddress.position)
+            .where(DepositAddress.account_pk == row.pk)
+            .order_by(DepositAddress.chain_id)
+        ).all()
+    assert [tuple(r) for r in stored] == sorted(
+        (c.chain_id, deriver.derive(c.chain_id, row.pk), registry.position(c.chain_id))
+        for c in registry.active()
+    )
+    # And the event carries exactly the document
     events = outbox_events(pg_db, policy_tenant.tenant_id, CREATED)
-    assert [e["data"] for e in events[-2:]] == [
-        {"depositAccount": by_session},
-        {"depositAccount": by_driver},
-    ]
+    assert events[-1]["data"] == {"depositAccount": document}

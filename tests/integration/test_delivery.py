@@ -33,7 +33,6 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def engine_url() -> Iterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
     require_service("RabbitMQ", "127.0.0.1", 5672)
     with isolated_database("delivery") as url:
         yield url

@@ -1,27 +1,26 @@
-"""The embedded mode (`settle dev`): SQLite, in-process bus, StubBroker worker threads.
+"""The embedded mode (`settle dev`): in-process bus, StubBroker worker threads.
 
 The same engine code as production, with Dramatiq's in-memory broker and the bus
-replaced by a direct call, on one SQLite file shared by core and the notifier.
+replaced by a direct call, on one database shared by core and the notifier.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from services.core import outbox
-from services.core.relay import install_commit_wakeup, start_relay_thread
+from services.core.relay import start_relay_thread
 from services.notifier import endpoints as endpoint_domain
 from services.notifier.context import NotifierContext
 from services.notifier.engine import EmbeddedEngine, EngineSettings, start_embedded
 from services.notifier.models import SUCCEEDED, Delivery
-from shared import components, events, migrate, signing
+from shared import events, signing
 from shared.db import Database
 from shared.identity import service as identity
-from tests.support.pipeline import notifier_config, wait_until
+from tests.support.pipeline import isolated_database, notifier_config, wait_until
 from tests.support.receiver import Answer, Receiver
 
 pytestmark = pytest.mark.integration
@@ -52,27 +51,24 @@ class Embedded:
 
 
 @pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[Embedded]:
-    # Given core and the notifier on one SQLite file, wired as `settle dev` wires them
-    url = f"sqlite:///{tmp_path / 'settle.db'}"
-    for component in (components.IDENTITY, components.CORE, components.NOTIFIER):
-        migrate.upgrade(component, url)
-    db = Database(url)
-    ctx = NotifierContext.build(
-        notifier_config(url, amqp_url=None, worker_threads=4), db=db, identity_db=db
-    )
-    engine = start_embedded(ctx, EngineSettings(sweep_interval_s=0.25, sweep_grace_s=1.0))
-    stop, wake = threading.Event(), threading.Event()
-    install_commit_wakeup(db, wake)
-    relay = start_relay_thread(db, lambda: engine.bus, stop, wake=wake, poll_s=5.0)
-    try:
-        yield Embedded(db, ctx, engine)
-    finally:
-        stop.set()
-        wake.set()
-        relay.join(10)
-        engine.stop()
-        db.dispose()
+def embedded() -> Iterator[Embedded]:
+    # Given core and the notifier on one database of their own, wired as `settle dev` wires
+    # them (the sweeper and the relay act on every row they see)
+    with isolated_database("embedded") as url:
+        db = Database(url)
+        ctx = NotifierContext.build(
+            notifier_config(url, amqp_url=None, worker_threads=4), db=db, identity_db=db
+        )
+        engine = start_embedded(ctx, EngineSettings(sweep_interval_s=0.25, sweep_grace_s=1.0))
+        stop = threading.Event()
+        relay = start_relay_thread(db, lambda: engine.bus, stop, poll_s=5.0)
+        try:
+            yield Embedded(db, ctx, engine)
+        finally:
+            stop.set()
+            relay.join(10)
+            engine.stop()
+            db.dispose()
 
 
 def _tenant(db: Database) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -41,17 +39,6 @@ def test_models_and_migrations_agree(
         assert migrate.is_current(component, pg_url)
     finally:
         engine.dispose()
-
-
-def test_upgrading_twice_on_sqlite_is_a_no_op(tmp_path: Path) -> None:
-    # Given a fresh SQLite file (the embedded mode's database) migrated once
-    url = f"sqlite:///{tmp_path / 'settle.db'}"
-    for component, _ in COMPONENTS:
-        migrate.upgrade(component, url)
-    # When it is migrated again, every component is still at its head
-    for component, _ in COMPONENTS:
-        migrate.upgrade(component, url)
-        assert migrate.is_current(component, url)
 
 
 def test_upgrading_twice_on_postgresql_is_a_no_op(pg_url: str) -> None:

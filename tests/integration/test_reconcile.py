@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +33,7 @@ from shared.db import Database
 from shared.ids import new_id
 from shared.timefmt import iso_ms, utcnow
 from tests.conftest import make_tenant
+from tests.support.services import create_database, drop_database
 
 pytestmark = pytest.mark.integration
 
@@ -506,30 +507,30 @@ def test_the_command_exits_0_when_clean_and_1_on_a_discrepancy(
     assert "--since must be earlier" in capsys.readouterr().err
 
 
-# -- SQLite, two databases (as `settle dev` and a split deployment would have) ----------
+# -- two databases (a split deployment: core with identity, the notifier apart) -----------
 
 
 @pytest.fixture(scope="module")
-def split_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Database, Database]]:
-    """Core (with identity) in one SQLite file, the notifier in another."""
-    folder = Path(tmp_path_factory.mktemp("reconcile-sqlite"))
-    core_url, notifier_url = (
-        f"sqlite:///{folder / 'core.db'}",
-        f"sqlite:///{folder / 'notifier.db'}",
-    )
+def split_databases() -> Iterator[tuple[Database, Database]]:
+    """Core (with identity) in one database, the notifier in another."""
+    core_name = f"settle_test_rc_core_{os.getpid()}"
+    notifier_name = f"settle_test_rc_notifier_{os.getpid()}"
+    core_url, notifier_url = create_database(core_name), create_database(notifier_name)
     for component in (components.IDENTITY, components.CORE):
         migrate.upgrade(component, core_url)
     migrate.upgrade(components.NOTIFIER, notifier_url)
-    core, notifier = Database(core_url), Database(notifier_url)
+    core, notifier = Database(core_url, pool_size=2), Database(notifier_url, pool_size=2)
     yield core, notifier
     core.dispose()
     notifier.dispose()
+    drop_database(core_name)
+    drop_database(notifier_name)
 
 
-def test_reconcile_reads_two_databases_on_sqlite(split_sqlite: tuple[Database, Database]) -> None:
-    # Given core and the notifier in separate SQLite files, an endpoint, one event that
+def test_reconcile_reads_two_databases(split_databases: tuple[Database, Database]) -> None:
+    # Given core and the notifier in separate databases, an endpoint, one event that
     # went through (delivered), one the notifier lost and a deposit missing its event
-    core, notifier = split_sqlite
+    core, notifier = split_databases
     tenant = make_tenant(core).tenant_id
     add_endpoint(notifier, tenant)
     delivered = emit(core, tenant)

@@ -117,7 +117,6 @@ class Tally:
 @pytest.fixture(scope="module")
 def soak_url() -> Iterator[str]:
     """A database of the soak's own: the processes relay and sweep every row they see."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
     require_service("RabbitMQ", "127.0.0.1", 5672)
     if shutil.which("rabbitmqctl") is None:
         message = "rabbitmqctl is not on PATH (the soak restarts RabbitMQ with it)"

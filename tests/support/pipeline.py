@@ -24,7 +24,6 @@ from typing import Any
 
 import pika
 import pika.exceptions
-import psycopg
 import sqlalchemy as sa
 
 from services.core import outbox
@@ -40,7 +39,7 @@ from services.notifier.sweeper import run_sweeper
 from shared import components, migrate
 from shared.bus import BusNames, EventPublisher, RabbitPublisher
 from shared.db import Database
-from tests.support.services import AMQP_URL, PG_ADMIN_URL
+from tests.support.services import AMQP_URL, create_database, drop_database
 
 #: Secret key the pipeline's notifier encrypts endpoint secrets with.
 SECRET_KEY = "pipeline-test-secret-key"
@@ -57,21 +56,14 @@ def isolated_database(label: str) -> Iterator[str]:
     deliveries (which may name public hosts) nor take their outbox rows.
     """
     name = f"settle_test_{label}_{os.getpid()}"
-
-    def admin(sql: str) -> None:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(sql)
-
-    admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    url = create_database(name)
     try:
         for component in (components.IDENTITY, components.CORE, components.NOTIFIER):
             migrate.upgrade(component, url)
         yield url
     finally:
         if not os.environ.get("SETTLE_TEST_KEEP_DB"):
-            admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_database(name)
 
 
 def unique_prefix() -> str:

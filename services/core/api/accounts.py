@@ -119,7 +119,7 @@ class DepositAccounts(MethodView):
             destination=args.get("destination"),
             metadata=args.get("metadata") or {},
         )
-        document = accounts.open_account(
+        document = accounts.create_account(
             ctx.db,
             ctx.registry,
             ctx.deriver,

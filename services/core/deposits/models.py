@@ -1,7 +1,7 @@
 """Tables of the deposit pipeline: deposits, watcher cursors, inventory, route providers.
 
-Token amounts are stored as decimal text (exact on SQLite and PostgreSQL alike, and a
-uint256 fits); USD figures as NUMERIC to the micro-dollar.
+Token amounts are stored as decimal text (exact, and a uint256 fits); USD figures as
+NUMERIC to the micro-dollar.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ class Deposit(CoreBase):
             "log_index",
             unique=True,
             postgresql_where=sa.text(LIVE_SOURCE),
-            sqlite_where=sa.text(LIVE_SOURCE),
         ),
         sa.Index("ix_deposits_tenant_id", "tenant_id", "id"),
         sa.Index("ix_deposits_tenant_user", "tenant_id", "external_user_id", "id"),
@@ -43,7 +42,6 @@ class Deposit(CoreBase):
             "status",
             "chain_id",
             postgresql_where=sa.text(OPEN_DEPOSITS),
-            sqlite_where=sa.text(OPEN_DEPOSITS),
         ),
     )
 

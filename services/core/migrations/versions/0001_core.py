@@ -36,7 +36,7 @@ def upgrade() -> None:
         "deposit_accounts",
         sa.Column(
             "pk",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            sa.BigInteger(),
             autoincrement=True,
             nullable=False,
         ),
@@ -50,7 +50,7 @@ def upgrade() -> None:
         sa.Column("dest_set_by_key_id", sa.String(length=40), nullable=True),
         sa.Column(
             "metadata",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("created_at", shared.db.UTCDateTime(timezone=True), nullable=False),
@@ -58,7 +58,6 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("pk"),
         sa.UniqueConstraint("id"),
         sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
-        sqlite_autoincrement=True,
     )
     op.create_table(
         "destination_policies",
@@ -88,7 +87,7 @@ def upgrade() -> None:
         "outbox",
         sa.Column(
             "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            sa.BigInteger(),
             autoincrement=True,
             nullable=False,
         ),
@@ -100,7 +99,6 @@ def upgrade() -> None:
         sa.Column("published_at", shared.db.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("event_id"),
-        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_outbox_created_at"), "outbox", ["created_at"], unique=False)
     op.create_index(op.f("ix_outbox_tenant_id"), "outbox", ["tenant_id"], unique=False)
@@ -110,13 +108,10 @@ def upgrade() -> None:
         ["id"],
         unique=False,
         postgresql_where=sa.text("published_at IS NULL"),
-        sqlite_where=sa.text("published_at IS NULL"),
     )
     op.create_table(
         "deposit_addresses",
-        sa.Column(
-            "account_pk", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-        ),
+        sa.Column("account_pk", sa.BigInteger(), nullable=False),
         sa.Column("chain_id", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("address", sa.String(length=42), nullable=False),
         sa.Column("position", sa.Integer(), nullable=False),
@@ -137,7 +132,6 @@ def downgrade() -> None:
         "ix_outbox_unpublished",
         table_name="outbox",
         postgresql_where=sa.text("published_at IS NULL"),
-        sqlite_where=sa.text("published_at IS NULL"),
     )
     op.drop_index(op.f("ix_outbox_tenant_id"), table_name="outbox")
     op.drop_index(op.f("ix_outbox_created_at"), table_name="outbox")

@@ -94,7 +94,7 @@ def upgrade() -> None:
         sa.Column("next_attempt_at", shared.db.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
             "failed_providers",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("credit_amount", sa.String(length=80), nullable=True),
@@ -120,7 +120,6 @@ def upgrade() -> None:
         ["status", "chain_id"],
         unique=False,
         postgresql_where=sa.text(OPEN_DEPOSITS),
-        sqlite_where=sa.text(OPEN_DEPOSITS),
     )
     op.create_index("ix_deposits_tenant_id", "deposits", ["tenant_id", "id"], unique=False)
     op.create_index(
@@ -132,7 +131,6 @@ def upgrade() -> None:
         ["chain_id", "source_tx_hash", "log_index"],
         unique=True,
         postgresql_where=sa.text(LIVE_SOURCE),
-        sqlite_where=sa.text(LIVE_SOURCE),
     )
 
 

@@ -18,22 +18,16 @@ INDEX = "ix_deposit_accounts_tenant_pk"
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        # CONCURRENTLY: account creation keeps running while the index builds on a
-        # large table. It cannot run inside the migration's transaction, and a build
-        # that failed half-way leaves an invalid index behind: drop that one first.
-        with op.get_context().autocommit_block():
-            op.drop_index(INDEX, "deposit_accounts", postgresql_concurrently=True, if_exists=True)
-            op.create_index(
-                INDEX, "deposit_accounts", ["tenant_id", "pk"], postgresql_concurrently=True
-            )
-    else:
-        op.create_index(INDEX, "deposit_accounts", ["tenant_id", "pk"])
+    # CONCURRENTLY: account creation keeps running while the index builds on a large
+    # table. It cannot run inside the migration's transaction, and a build that failed
+    # half-way leaves an invalid index behind: drop that one first.
+    with op.get_context().autocommit_block():
+        op.drop_index(INDEX, "deposit_accounts", postgresql_concurrently=True, if_exists=True)
+        op.create_index(
+            INDEX, "deposit_accounts", ["tenant_id", "pk"], postgresql_concurrently=True
+        )
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        with op.get_context().autocommit_block():
-            op.drop_index(INDEX, "deposit_accounts", postgresql_concurrently=True, if_exists=True)
-    else:
-        op.drop_index(INDEX, "deposit_accounts")
+    with op.get_context().autocommit_block():
+        op.drop_index(INDEX, "deposit_accounts", postgresql_concurrently=True, if_exists=True)

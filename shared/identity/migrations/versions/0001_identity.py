@@ -37,7 +37,7 @@ def upgrade() -> None:
         sa.Column("key_prefix", sa.String(length=16), nullable=False),
         sa.Column(
             "scopes",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("created_at", shared.db.UTCDateTime(timezone=True), nullable=False),

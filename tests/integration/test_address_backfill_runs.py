@@ -1,12 +1,15 @@
-"""The deposit address backfill on SQLite (as `settle dev` runs it): the pass, the
-worker loop (transient failures, incremental passes, stopping) and the CLI command."""
+"""The deposit address backfill, each test on a database of its own (a pass scans every
+account): the pass, the worker loop (transient failures, incremental passes) and the CLI."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,17 +27,25 @@ from tests.conftest import core_config
 from tests.support import keys
 from tests.support.backfill import own_chains, write_chains
 from tests.support.deposits import make_account
+from tests.support.services import create_database, drop_database
 
 VENUE, NEW = 777_001, 777_002
-TENANT = "ten_sqlite_backfill"
+TENANT = "ten_backfill_runs"
 #: Bound on every wait.
 WAIT_S = 20.0
 
 
-def _migrated(path: Path) -> Database:
-    url = f"sqlite:///{path}"
+@pytest.fixture
+def empty_url() -> Iterator[str]:
+    """A database of this test's own, with no tables yet."""
+    name = f"settle_test_backfill_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    yield create_database(name)
+    drop_database(name)
+
+
+def _migrated(url: str) -> Database:
     migrate.upgrade(components.CORE, url)
-    return Database(url)
+    return Database(url, pool_size=2)
 
 
 def _registries(folder: Path) -> tuple[Path, ChainRegistry, ChainRegistry]:
@@ -60,10 +71,12 @@ def _wait_for(predicate: object, what: str) -> None:
         time.sleep(0.05)
 
 
-def test_the_pass_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pass_in_small_chunks(
+    empty_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given accounts created while the new chain was declared (and tiny INSERT chunks)
     monkeypatch.setattr(backfill, "INSERT_CHUNK", 2)
-    db = _migrated(tmp_path / "settle.db")
+    db = _migrated(empty_url)
     new_file, old, new = _registries(tmp_path)
     ctx = CoreContext.build(core_config(db.url, tmp_path, chains_file=new_file), db=db)
     pks = [make_account(db, TENANT, old, dest_chain_id=VENUE).pk for _ in range(5)]
@@ -81,13 +94,12 @@ def test_the_pass_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_worker_loop_survives_a_failing_database_and_catches_up(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    empty_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given the loop started on a database that is not usable yet (no tables)
     caplog.set_level(logging.INFO, logger="services.core.backfill")
-    path = tmp_path / "settle.db"
     new_file, old, _ = _registries(tmp_path)
-    db = Database(f"sqlite:///{path}")
+    db = Database(empty_url, pool_size=2)
     config = core_config(db.url, tmp_path, chains_file=new_file, address_backfill_interval_s=0.1)
     ctx = CoreContext.build(config, db=db)
     stop = threading.Event()
@@ -120,10 +132,13 @@ def test_the_worker_loop_survives_a_failing_database_and_catches_up(
 
 
 def test_the_cli_runs_one_pass_and_prints_the_counts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    empty_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given a dev database with accounts lacking the new chain
-    db = _migrated(tmp_path / "settle.db")
+    db = _migrated(empty_url)
     new_file, old, _ = _registries(tmp_path)
     pks = [make_account(db, TENANT, old, dest_chain_id=VENUE).pk for _ in range(3)]
     monkeypatch.setenv("SETTLE_ENV", "dev")
@@ -149,15 +164,3 @@ def test_the_cli_runs_one_pass_and_prints_the_counts(
     assert (second["accountsScanned"], second["addressesAdded"]) == (3, 0)
     assert set(_new_chain_addresses(db)) == set(pks)
     db.dispose()
-
-
-def test_the_interval_setting_must_be_positive() -> None:
-    from services.core.config import CoreConfig
-    from shared.settings import SettingsError
-
-    base = {"SETTLE_ENV": "dev"}
-    assert CoreConfig.from_env(base).address_backfill_interval_s == 300.0
-    config = CoreConfig.from_env({**base, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S": "2.5"})
-    assert config.address_backfill_interval_s == 2.5
-    with pytest.raises(SettingsError, match="SETTLE_ADDRESS_BACKFILL_INTERVAL_S"):
-        CoreConfig.from_env({**base, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S": "0"})

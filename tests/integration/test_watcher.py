@@ -1,4 +1,4 @@
-"""The chain watcher on InMemoryChain, over a migrated SQLite file (the embedded mode's DB).
+"""The chain watcher on InMemoryChain, each test on a fresh migrated PostgreSQL database.
 
 Depth 3 on the test chain: a transfer is seen in its block (1 confirmation) and
 confirmed when two more blocks are on top of it.
@@ -6,9 +6,9 @@ confirmed when two more blocks are on top of it.
 
 from __future__ import annotations
 
-import shutil
+import os
+import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,25 +31,29 @@ from tests.support.deposits import (
     set_fee,
     small_registry,
 )
+from tests.support.services import clone_database, create_database, drop_database
 
 TENANT = "00000000-0000-4000-8000-000000000001"
 
 
 @pytest.fixture(scope="module")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("watcher") / "template.db"
+def template_db() -> Iterator[str]:
+    """A migrated database each test copies (the watcher's cursors are per chain, not tenant)."""
+    name = f"settle_test_watcher_{os.getpid()}"
+    url = create_database(name)
     for component in (components.IDENTITY, components.CORE):
-        migrate.upgrade(component, f"sqlite:///{path}")
-    return path
+        migrate.upgrade(component, url)
+    yield name
+    drop_database(name)
 
 
 @pytest.fixture
-def db(template_db: Path, tmp_path: Path) -> Iterator[Database]:
-    path = tmp_path / "settle.db"
-    shutil.copy(template_db, path)
-    database = Database(f"sqlite:///{path}")
+def db(template_db: str) -> Iterator[Database]:
+    name = f"{template_db}_{uuid.uuid4().hex[:8]}"
+    database = Database(clone_database(template_db, name), pool_size=2)
     yield database
     database.dispose()
+    drop_database(name)
 
 
 @pytest.fixture
