@@ -1,10 +1,10 @@
 """Reaching PostgreSQL and RabbitMQ from tests.
 
 PostgreSQL: the machine's server on 127.0.0.1:5432 when it answers (always in CI: `CI`
-set and no server fails the run loudly); on a machine without one, the embedded server
-of `shared/embedded_postgres.py` (the one `settle dev` uses), started once per run in a
-folder kept between runs. RabbitMQ: the machine's; the tests that need it skip on a
-laptop without it and fail in CI.
+set and no server fails the run loudly); on a machine without one (or with
+SETTLE_TEST_PG=embedded), the embedded server of `shared/embedded_postgres.py` (the one
+`settle dev` uses), started once per run in a folder kept between runs. RabbitMQ: the
+machine's; the tests that need it skip on a laptop without it and fail in CI.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def pg_admin_url() -> str:
     explicit = os.environ.get("SETTLE_TEST_PG_ADMIN_URL")
     if explicit:
         return explicit
+    if os.environ.get("SETTLE_TEST_PG") == "embedded":  # as on a machine without a server
+        return embedded_postgres.start(EMBEDDED_TEST_PG).admin_url
     if port_open("127.0.0.1", 5432):
         return MACHINE_PG_ADMIN_URL
     if os.environ.get("CI"):
