@@ -182,22 +182,21 @@ def create_account(
 ) -> dict[str, Any]:
     """Create an account, its deposit addresses and `deposit.account.created`; the document.
 
-    Without a destination the tenant's policy is copied as it is now, inside the account
-    INSERT. A taken externalUserId is 409 `account_exists` (the unique key decides, so
-    concurrent creations cannot both win). One transaction of two statements on the
-    fast executor (`Database.driver_transaction`): the account INSERT, then one statement
-    for the addresses and the outbox row (the addresses derive from the account's
-    sequence value, which only the first statement knows).
+    Without a destination the tenant's policy is copied as it is now. A taken
+    externalUserId is 409 `account_exists` (the unique key decides, so concurrent
+    creations cannot both win). Two round trips on the fast executor
+    (`Database.driver_autocommit`): one draws the account's sequence value (its BIP32
+    index) and reads the policy; the addresses are derived from it; then one statement
+    writes the account, its addresses and the outbox row, atomic on its own (no
+    BEGIN/COMMIT round trips).
     """
     statements = _driver_statements(db, len(registry.active()))
     values = _new_account_values(registry, tenant_id, new, api_key_id, now)
-    params = _insert_params(values, new.destination)
     try:
-        with db.driver_transaction() as conn:
-            insert = statements.insert_given if new.destination else statements.insert_inherited
-            row = conn.execute(insert.sql, insert.bind(params)).fetchone()
-            inserted = None if row is None else (row[0], Destination(row[1], row[2], row[3]))
-            pk, destination = _inserted(registry, inserted, new)
+        with db.driver_autocommit() as conn:
+            start = statements.start
+            pk, *policy = conn.execute(start.sql, start.bind({"tenant_id": tenant_id})).fetchone()
+            destination = new.destination or _policy_destination(registry, policy)
             derived = _derive(registry, deriver, pk)
             document = _created_document(values, destination, registry, derived)
             _, event = outbox.event_row(
@@ -205,12 +204,26 @@ def create_account(
             )
             addresses = _address_rows(registry, pk, derived)
             rows = {f"{k}_{n}": v for n, row in enumerate(addresses) for k, v in row.items()}
-            write = statements.addresses_and_event
-            conn.execute(write.sql, write.bind(event | rows))
+            write = statements.write
+            params = _account_params(pk, values, destination) | rows | event
+            conn.execute(write.sql, write.bind(params))
     except psycopg.errors.UniqueViolation as exc:
         raise _account_exists(exc, new) from None
     wake_relay(db)
     return document
+
+
+def _policy_destination(registry: ChainRegistry, policy: list[Any]) -> Destination:
+    """The tenant's policy as a destination; 422 when there is none."""
+    chain_id, address, token_address = policy
+    if chain_id is None:
+        raise DestinationPolicyMissing(
+            "give a destination or configure the destination policy "
+            "(PUT /v1/destination-policy) first"
+        )
+    # The policy was checked when written; its chain may have been retired since.
+    registry.require_active(chain_id)
+    return Destination(chain_id, address, token_address)
 
 
 def _new_account_values(
@@ -248,22 +261,6 @@ def _account_exists(exc: psycopg.errors.UniqueViolation, new: NewAccount) -> Acc
     if exc.diag.constraint_name != _TENANT_USER_KEY:
         raise exc
     return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
-
-
-def _inserted(
-    registry: ChainRegistry, inserted: tuple[int, Destination] | None, new: NewAccount
-) -> tuple[int, Destination]:
-    """(pk, destination) of the inserted row; 422 when it should inherit and no policy exists."""
-    if inserted is None:
-        raise DestinationPolicyMissing(
-            "give a destination or configure the destination policy "
-            "(PUT /v1/destination-policy) first"
-        )
-    if new.destination is None:
-        # The policy was checked when written; its chain may have been retired since
-        # (raising rolls the insert back).
-        registry.require_active(inserted[1].chain_id)
-    return inserted
 
 
 def _derive(registry: ChainRegistry, deriver: Deriver, pk: int) -> list[tuple[int, str]]:
@@ -312,33 +309,30 @@ def _table(model: type[Any]) -> sa.Table:
 _ACCOUNTS = _table(DepositAccount)
 _POLICIES = _table(DestinationPolicy)
 _ADDRESSES = _table(DepositAddress)
-#: Columns the request provides; the destination columns come from it or the policy.
-_OWN = (
+#: The account's sequence value (its BIP32 index) and the tenant's policy (NULLs if none).
+_START = sa.select(
+    sa.func.nextval(sa.func.pg_get_serial_sequence(_ACCOUNTS.name, _ACCOUNTS.c.pk.name)),
+    _POLICIES.c.chain_id,
+    _POLICIES.c.address,
+    _POLICIES.c.token_address,
+).select_from(
+    sa.select(sa.literal(1).label("one"))
+    .subquery("one")
+    .outerjoin(_POLICIES, _POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
+)
+_ACCOUNT_COLUMNS = (
+    "pk",
     "id",
     "tenant_id",
     "external_user_id",
     "status",
+    "dest_chain_id",
+    "dest_address",
+    "dest_token_address",
     "dest_set_by_key_id",
     "metadata",
     "created_at",
     "updated_at",
-)
-_COPIED = ("dest_chain_id", "dest_address", "dest_token_address")
-_RETURNING = (_ACCOUNTS.c.pk, *(_ACCOUNTS.c[name] for name in _COPIED))
-_INSERT_GIVEN = _ACCOUNTS.insert().returning(*_RETURNING)
-#: INSERT .. SELECT from the tenant's policy row: no row inserted when there is none.
-_INSERT_INHERITED = (
-    _ACCOUNTS.insert()
-    .from_select(
-        [*_OWN, *_COPIED],
-        sa.select(
-            *(sa.bindparam(name, type_=_ACCOUNTS.c[name].type) for name in _OWN),
-            _POLICIES.c.chain_id,
-            _POLICIES.c.address,
-            _POLICIES.c.token_address,
-        ).where(_POLICIES.c.tenant_id == sa.bindparam("tenant_id")),
-    )
-    .returning(*_RETURNING)
 )
 
 
@@ -346,10 +340,11 @@ _INSERT_INHERITED = (
 class _DriverStatements:
     """The create statements compiled for the driver (`Database.driver_statement`)."""
 
-    insert_given: DriverStatement
-    insert_inherited: DriverStatement
-    #: The addresses (bind names `<column>_<n>`) and the outbox row in one statement.
-    addresses_and_event: DriverStatement
+    #: Draws the account's pk and reads the policy.
+    start: DriverStatement
+    #: The account (binds `account_<column>`), its addresses (`<column>_<n>`) and the
+    #: outbox row (binds named as its columns), in one statement.
+    write: DriverStatement
 
 
 def _driver_statements(db: Database, address_count: int) -> _DriverStatements:
@@ -361,41 +356,40 @@ def _driver_statements(db: Database, address_count: int) -> _DriverStatements:
 
 
 def _compile_driver_statements(db: Database, address_count: int) -> _DriverStatements:
-    addresses = _ADDRESSES.insert().values(
-        [
-            {
-                column: sa.bindparam(f"{column}_{n}", type_=_ADDRESSES.c[column].type)
-                for column in ("account_pk", "chain_id", "address", "position")
-            }
-            for n in range(address_count)
-        ]
+    # Bind names prefixed: the outbox row's columns (created_at...) are binds of the same
+    # statement.
+    account = _ACCOUNTS.insert().values(
+        {c: sa.bindparam(f"account_{c}", type_=_ACCOUNTS.c[c].type) for c in _ACCOUNT_COLUMNS}
     )
-    given = _INSERT_GIVEN.values(
-        {c: sa.bindparam(c, type_=_ACCOUNTS.c[c].type) for c in (*_OWN, *_COPIED)}
-    )
-    # No active chain (a chains file could say so): the event alone, no empty VALUES.
-    addresses_and_event = (
-        outbox.INSERT_EVENT.add_cte(addresses.cte("new_addresses"))
-        if address_count
-        else outbox.INSERT_EVENT
-    )
+    ctes = [account.cte("new_account")]
+    if address_count:  # no active chain (a chains file could say so): no empty VALUES
+        addresses = _ADDRESSES.insert().values(
+            [
+                {
+                    column: sa.bindparam(f"{column}_{n}", type_=_ADDRESSES.c[column].type)
+                    for column in ("account_pk", "chain_id", "address", "position")
+                }
+                for n in range(address_count)
+            ]
+        )
+        ctes.append(addresses.cte("new_addresses"))
     return _DriverStatements(
-        insert_given=db.driver_statement(given),
-        insert_inherited=db.driver_statement(_INSERT_INHERITED),
-        addresses_and_event=db.driver_statement(addresses_and_event),
+        start=db.driver_statement(_START),
+        write=db.driver_statement(outbox.INSERT_EVENT.add_cte(*ctes)),
     )
 
 
-def _insert_params(values: dict[str, Any], destination: Destination | None) -> dict[str, Any]:
-    """Driver parameters of the account INSERT (JSON wrapped for psycopg)."""
-    params = {**values, "metadata": Jsonb(values["metadata"])}
-    if destination is not None:
-        params |= {
-            "dest_chain_id": destination.chain_id,
-            "dest_address": destination.address,
-            "dest_token_address": destination.token_address,
-        }
-    return params
+def _account_params(pk: int, values: dict[str, Any], destination: Destination) -> dict[str, Any]:
+    """Driver parameters of the account row, `account_<column>` (JSON wrapped for psycopg)."""
+    row = {
+        **values,
+        "pk": pk,
+        "metadata": Jsonb(values["metadata"]),
+        "dest_chain_id": destination.chain_id,
+        "dest_address": destination.address,
+        "dest_token_address": destination.token_address,
+    }
+    return {f"account_{column}": value for column, value in row.items()}
 
 
 def _account_query(tenant_id: str) -> sa.Select[tuple[DepositAccount]]:
