@@ -20,7 +20,12 @@ What we found about eth-tester 0.14 / py-evm (and why the harness works as it do
 - `logIndex` restarts at 0 in every transaction (real nodes number logs per block).
 - Reorgs: `snapshot()` remembers the head; `revert(id)` makes it canonical again
   (dropping the pending block too); blocks mined afterwards get new hashes at the
-  same heights because py-evm draws a random mix_hash per block.
+  same heights because py-evm draws a random mix_hash per block. `rewind(depth)` does
+  the same without a snapshot taken beforehand (py-evm's snapshot is a block hash), and
+  `replay(tx_hash)` queues a transaction the harness signed again, so a reorg can re-mine
+  a transfer in another block or behind other transactions (`reorg()` does both).
+- One lock (`EvmChain.lock`) serialises every use of the tester: `EvmNode` serves the
+  same chain to other threads over HTTP while the test mines and transfers.
 - eth_gasPrice is a constant 1 gwei, while the base fee falls ~12.5% per empty block.
 - The chain id is 131277322940537 (not 1); the 10 prefunded accounts' keys are
   `tester.backend.account_keys`.
@@ -34,6 +39,8 @@ What we found about eth-tester 0.14 / py-evm (and why the harness works as it do
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -97,6 +104,13 @@ class EvmChain:
         self.deployer = self.accounts[0]
         self._by_address = {a.address: a for a in self.accounts}
         self._funded: set[str] = {a.address for a in self.accounts}
+        #: Held around every use of the tester (the HTTP node serves it from other threads).
+        self.lock = threading.RLock()
+        #: Raw signed transactions the harness sent, by hash, so a reorg can replay them.
+        self._raw: dict[str, bytes] = {}
+        #: Called (under the lock) before blocks are mined: a node's pool adds its
+        #: transactions to the pending block there.
+        self.before_mine: list[Callable[[], None]] = []
 
     # -- readers ------------------------------------------------------------------------
 
@@ -106,11 +120,18 @@ class EvmChain:
 
     def head(self) -> int:
         """Number of the latest mined block."""
-        return int(self.w3.eth.block_number)
+        with self.lock:
+            return int(self.w3.eth.block_number)
 
     def block_hash(self, number: int) -> str:
         """0x-hex hash of the canonical block at `number`."""
-        return HexBytes(self.w3.eth.get_block(number)["hash"]).to_0x_hex()
+        with self.lock:
+            return HexBytes(self.w3.eth.get_block(number)["hash"]).to_0x_hex()
+
+    def receipt(self, tx_hash: str) -> Any:
+        """The receipt of a mined transaction (web3 raises TransactionNotFound otherwise)."""
+        with self.lock:
+            return self.w3.eth.get_transaction_receipt(HexBytes(tx_hash))
 
     def token(self, address: str) -> Contract:
         """A web3 contract object for a deployed TestToken."""
@@ -118,7 +139,8 @@ class EvmChain:
 
     def balance_of(self, token: str, owner: str) -> int:
         """Token balance (raw units) of `owner` at the latest block."""
-        return int(self.token(token).functions.balanceOf(to_checksum_address(owner)).call())
+        with self.lock:
+            return int(self.token(token).functions.balanceOf(to_checksum_address(owner)).call())
 
     # -- accounts -----------------------------------------------------------------------
 
@@ -156,7 +178,7 @@ class EvmChain:
         factory = self.w3.eth.contract(abi=compiled.abi, bytecode=compiled.bytecode)
         data = factory.constructor(name or f"Test {symbol}", symbol, decimals).data_in_transaction
         tx_hash = self._send(self.deployer, {"data": data, "gas": DEPLOY_GAS}, mine=True)
-        receipt = self.w3.eth.get_transaction_receipt(HexBytes(tx_hash))
+        receipt = self.receipt(tx_hash)
         if receipt["status"] != 1 or receipt["contractAddress"] is None:
             raise RuntimeError(f"TestToken deployment failed: {receipt}")
         return to_checksum_address(receipt["contractAddress"])
@@ -187,15 +209,73 @@ class EvmChain:
 
     def mine(self, n: int = 1) -> list[str]:
         """Mine `n` blocks (the first takes queued transactions); their hashes."""
-        return [HexBytes(h).to_0x_hex() for h in self.tester.mine_blocks(n)]
+        with self.lock:
+            for hook in self.before_mine:
+                hook()
+            return [HexBytes(h).to_0x_hex() for h in self.tester.mine_blocks(n)]
 
     def snapshot(self) -> int:
         """Remember the current head, for `revert`."""
-        return int(self.tester.take_snapshot())
+        with self.lock:
+            return int(self.tester.take_snapshot())
 
     def revert(self, snapshot_id: int) -> None:
         """Make the snapshot's head canonical again; later heights are mined anew."""
-        self.tester.revert_to_snapshot(snapshot_id)
+        with self.lock:
+            self.tester.revert_to_snapshot(snapshot_id)
+
+    def rewind(self, depth: int) -> int:
+        """Drop the last `depth` blocks (and the pending block): the new head's number.
+
+        Blocks mined afterwards replace them with new hashes; their transactions are
+        gone unless replayed (`replay`).
+        """
+        with self.lock:
+            head = self.head()
+            if not 1 <= depth <= head:
+                raise ValueError(f"depth must be in [1, {head}], got {depth}")
+            base = self.w3.eth.get_block(head - depth)["hash"]
+            # py-evm's snapshot is the hash of the block to return to.
+            self.tester.backend.revert_to_snapshot(bytes(base))
+            return head - depth
+
+    def replay(self, tx_hash: str) -> str:
+        """Queue a transaction this harness signed before (e.g. one a reorg dropped)."""
+        try:
+            raw = self._raw[HexBytes(tx_hash).to_0x_hex()]
+        except KeyError:
+            raise ValueError(f"{tx_hash} was not sent by this harness") from None
+        with self.lock:
+            return HexBytes(self.tester.backend.send_raw_transaction(raw)).to_0x_hex()
+
+    def reorg(
+        self,
+        depth: int,
+        *,
+        reinclude: Sequence[str] = (),
+        skip: int = 0,
+        length: int | None = None,
+    ) -> list[str]:
+        """Replace the last `depth` blocks with a new branch; its block hashes.
+
+        `reinclude`: transactions re-mined on the new branch, in this order, in its
+        block `skip` (0: the first), so a transfer moves to another block (`skip` > 0)
+        or another log position (other transactions listed or queued ahead of it, the
+        caller may also queue its own after `rewind`). `length`: blocks of the new
+        branch (default `depth`; shorter or longer is allowed, at least `skip` + 1 when
+        re-including).
+        """
+        length = depth if length is None else length
+        if reinclude and length < skip + 1:
+            raise ValueError("the new branch is too short for the re-included transactions")
+        with self.lock:
+            self.rewind(depth)
+            hashes = self.mine(skip) if skip else []
+            for tx_hash in reinclude:
+                self.replay(tx_hash)
+            if length > len(hashes):
+                hashes += self.mine(length - len(hashes))
+            return hashes
 
     # -- internals ----------------------------------------------------------------------
 
@@ -204,22 +284,25 @@ class EvmChain:
         return data
 
     def _send(self, signer: LocalAccount, tx: dict[str, Any], *, mine: bool) -> str:
-        # Pending nonce and pending base fee: several queued transactions per sender work.
-        nonce = self.w3.eth.get_transaction_count(signer.address, "pending")
-        base_fee = int(self.w3.eth.get_block("latest")["baseFeePerGas"])
-        full = {
-            "value": 0,
-            **tx,
-            "nonce": nonce,
-            "chainId": self.chain_id,
-            "type": 2,
-            "maxPriorityFeePerGas": PRIORITY_FEE_WEI,
-            "maxFeePerGas": 2 * base_fee + PRIORITY_FEE_WEI,
-        }
-        signed = signer.sign_transaction(full)
-        # Straight to py-evm's pending block: eth-tester's own send path would either
-        # mine at once (auto-mine) or validate against the latest state (manual mining).
-        tx_hash = self.tester.backend.send_raw_transaction(bytes(signed.raw_transaction))
-        if mine:
-            self.mine(1)
-        return HexBytes(tx_hash).to_0x_hex()
+        with self.lock:
+            # Pending nonce and pending base fee: several queued transactions per sender.
+            nonce = self.w3.eth.get_transaction_count(signer.address, "pending")
+            base_fee = int(self.w3.eth.get_block("latest")["baseFeePerGas"])
+            full = {
+                "value": 0,
+                **tx,
+                "nonce": nonce,
+                "chainId": self.chain_id,
+                "type": 2,
+                "maxPriorityFeePerGas": PRIORITY_FEE_WEI,
+                "maxFeePerGas": 2 * base_fee + PRIORITY_FEE_WEI,
+            }
+            signed = signer.sign_transaction(full)
+            raw = bytes(signed.raw_transaction)
+            # Straight to py-evm's pending block: eth-tester's own send path would either
+            # mine at once (auto-mine) or validate against the latest state (manual mining).
+            tx_hash = HexBytes(self.tester.backend.send_raw_transaction(raw)).to_0x_hex()
+            self._raw[tx_hash] = raw
+            if mine:
+                self.mine(1)
+            return tx_hash
