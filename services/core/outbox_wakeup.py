@@ -5,7 +5,7 @@ takes a database-wide lock on the notification queue at commit and keeps it thro
 the commit's WAL flush. With `NOTIFY` inside every request's transaction, no two
 API commits could share a flush (docs/PERFORMANCE.md has the figures). So a writer
 only marks its session (`request_wakeup`); after the
-commit, an `after_commit` callback pokes this process's `OutboxNotifier`, whose own
+commit, an `after_commit` callback pokes this process's `RelayWaker`, whose own
 thread sends `NOTIFY settle_outbox` on its own autocommit connection. Pokes that
 arrive while one `NOTIFY` is under way are covered by the next one: one `NOTIFY`
 per burst of commits, not one per commit.
@@ -48,15 +48,15 @@ def request_wakeup(session: Session) -> None:
     db = database_of(session)
     if db is None:
         return
-    after_commit(session, db.attachment(ATTACHMENT, OutboxNotifier).poke)
+    after_commit(session, db.attachment(ATTACHMENT, RelayWaker).poke)
 
 
 def wake_relay(db: Database) -> None:
     """Wake the relay now: for outbox rows committed outside a session."""
-    db.attachment(ATTACHMENT, OutboxNotifier).poke()
+    db.attachment(ATTACHMENT, RelayWaker).poke()
 
 
-class OutboxNotifier:
+class RelayWaker:
     """A per-process thread sending coalesced `NOTIFY settle_outbox` on its own connection.
 
     Started lazily by the first `poke` (no import-time side effects, and after a

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.core import outbox
-from services.core.outbox_wakeup import ATTACHMENT, NOTIFY_CHANNEL, OutboxNotifier
+from services.core.outbox_wakeup import ATTACHMENT, NOTIFY_CHANNEL, RelayWaker
 from shared import events
 from shared.db import Database
 from tests.support.pipeline import wait_until
@@ -38,8 +38,8 @@ def listener(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
     conn.close()
 
 
-def _notifier(db: Database) -> OutboxNotifier:
-    return db.attachment(ATTACHMENT, OutboxNotifier)
+def _waker(db: Database) -> RelayWaker:
+    return db.attachment(ATTACHMENT, RelayWaker)
 
 
 def _emit(session: Any) -> None:
@@ -53,7 +53,7 @@ def _woken(listener: psycopg.Connection[Any], timeout: float) -> bool:
 def test_the_notify_comes_after_the_commit_not_inside_the_transaction(
     db: Database, listener: psycopg.Connection[Any]
 ) -> None:
-    notifier = _notifier(db)
+    notifier = _waker(db)
     statements: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -77,7 +77,7 @@ def test_the_notify_comes_after_the_commit_not_inside_the_transaction(
 
 
 def test_a_rolled_back_transaction_sends_nothing(db: Database) -> None:
-    notifier = _notifier(db)
+    notifier = _waker(db)
     session = db.sessions()
     try:
         # Given an outbox write that rolls back
@@ -96,7 +96,7 @@ def test_a_rolled_back_transaction_sends_nothing(db: Database) -> None:
 def test_a_released_savepoint_waits_for_the_outer_commit(
     db: Database, listener: psycopg.Connection[Any]
 ) -> None:
-    notifier = _notifier(db)
+    notifier = _waker(db)
     # Given an event written inside a SAVEPOINT that is released
     with db.transaction() as session:
         with session.begin_nested():
@@ -127,7 +127,7 @@ def test_the_notifier_reconnects_when_its_connection_was_killed(
     with db.transaction() as session:
         _emit(session)
     assert _woken(listener, 2.0)
-    wait_until(lambda: _notifier(db).sent >= 1, 2, "the first NOTIFY")
+    wait_until(lambda: _waker(db).sent >= 1, 2, "the first NOTIFY")
     # When the server ends that connection (restart, idle timeout, an operator)
     admin = psycopg.connect(
         pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
@@ -136,7 +136,7 @@ def test_the_notifier_reconnects_when_its_connection_was_killed(
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE application_name = %s AND datname = current_database()",
-            (OutboxNotifier.APPLICATION_NAME,),
+            (RelayWaker.APPLICATION_NAME,),
         ).fetchall()
         assert killed
     finally:
