@@ -37,15 +37,17 @@ from bip_utils import Bip32Secp256k1
 
 from bench.harness import fresh_database, machine, process
 from services.core.addresses import AddressDeriver
-from services.core.api.sandbox import SETTINGS_EXTENSION
 from services.core.app import create_app
 from services.core.chains import ChainRegistry, load_chains, parse_chains
 from services.core.config import CoreConfig
 from services.core.context import CoreContext
+from services.core.deposits.detection import Detection
 from services.core.deposits.models import Deposit
-from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
-from services.core.deposits.service import DepositService
+from services.core.deposits.pricing import StaticPrices
+from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer, SandboxDeposits
 from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import Settlement
+from services.core.deposits.settling import Settling
 from services.core.deposits.worker import Pipeline, run
 from services.core.fees import refresh_fees
 from services.core.models import OutboxEvent
@@ -84,6 +86,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 def bench_sandbox(url: str, deposits: int, workers: int) -> dict[str, float]:
     xpub = Bip32Secp256k1.FromSeed(bytes(range(32))).PublicKey().ToExtended()
+    settings = PipelineSettings(sandbox_block_s=0, poll_s=0.01, batch_size=200)
     config = CoreConfig(
         database_url=url,
         identity_database_url=url,
@@ -91,6 +94,7 @@ def bench_sandbox(url: str, deposits: int, workers: int) -> dict[str, float]:
         deposit_xpub=xpub,
         sandbox=True,
         data_dir=Path("/tmp"),
+        deposits=settings,
     )
     db = Database(url, pool_size=workers + 4)
     ctx = CoreContext.build(config, db=db, identity_db=db)
@@ -99,24 +103,22 @@ def bench_sandbox(url: str, deposits: int, workers: int) -> dict[str, float]:
         tenant, issued = identity.create_tenant(session, "bench-pipeline", sandbox=True)
         tenant_id, api_key = tenant.id, issued.api_key
     accounts = add_accounts(db, ctx.registry, ctx.deriver, tenant_id, 50)
-    settings = PipelineSettings(sandbox_block_s=0, poll_s=0.01, batch_size=200)
     app = create_app(context=ctx)
-    app.extensions[SETTINGS_EXTENSION] = settings
     client = app.test_client()
     headers = {"Authorization": f"Bearer {api_key}"}
 
     with workers_running(url, workers):
         figures = _submit_and_wait(db, client, headers, accounts, tenant_id, deposits, workers)
     # The pipeline alone: a backlog of deposits, then the workers drain it.
-    service = DepositService(db, ctx.registry, settings=settings)
+    sandbox = SandboxDeposits(db, ctx.registry, StaticPrices(), SandboxChain(0))
     backlog = [
-        service.create_sandbox_deposit(
+        sandbox.create(
             tenant_id,
             chain_id=8453,
             deposit_address=accounts[n % len(accounts)][8453],
             asset="USDC",
             amount=Decimal("20.5"),
-        )["id"]
+        ).id
         for n in range(deposits)
     ]
     with workers_running(url, workers):
@@ -253,10 +255,10 @@ def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
     t0 = time.perf_counter()
     logs = reader.transfers(first, evm.head(), None, addresses)
     get_logs_s = time.perf_counter() - t0
-    service = DepositService(db, registry)
+    detection = Detection(db, registry, StaticPrices())
     chain = registry.get(chain_id)
     assert chain is not None
-    watcher = ChainWatcher(service, chain, reader, lag_blocks=0, max_range=500, start_block=first)
+    watcher = ChainWatcher(detection, chain, reader, lag_blocks=0, max_range=500, start_block=first)
     t0 = time.perf_counter()
     while not watcher.tick().caught_up:
         pass
@@ -282,10 +284,13 @@ def worker_main() -> int:
     url = os.environ["SETTLE_DATABASE_URL"]
     settings = PipelineSettings(sandbox_block_s=0, poll_s=0.01, batch_size=200)
     db = Database(url, pool_size=2)
-    service = DepositService(db, load_chains(), settings=settings)
+    registry = load_chains()
+    prices = StaticPrices()
     pipeline = Pipeline(
-        service=service,
-        sandbox=SandboxConfirmer(service, SandboxChain(0), batch_size=settings.batch_size),
+        settling=Settling(db, registry, Settlement(registry), prices, settings),
+        sandbox=SandboxConfirmer(
+            Detection(db, registry, prices), SandboxChain(0), batch_size=settings.batch_size
+        ),
         settings=settings,
     )
     stop = threading.Event()
@@ -313,7 +318,7 @@ def bench_watcher_in_memory(url: str, transfers: int) -> float:
     registry_chain = registry.get(chain_id)
     assert registry_chain is not None
     watcher = ChainWatcher(
-        DepositService(db, registry), registry_chain, chain, lag_blocks=0, start_block=1
+        Detection(db, registry, StaticPrices()), registry_chain, chain, lag_blocks=0, start_block=1
     )
     started = time.perf_counter()
     while not watcher.tick().caught_up:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.core.deposits.settings import PipelineSettings
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     SettingsError,
@@ -51,6 +52,8 @@ class CoreConfig:
     db_pool_size: int = 10
     #: Per-key and per-IP request limits (from_env: on; built in code: off).
     rate_limits: RateLimitConfig = RATE_LIMITS_OFF
+    #: The deposit pipeline's knobs (docs/DEPOSITS.md, "Settings").
+    deposits: PipelineSettings = field(default_factory=PipelineSettings)
 
     @property
     def is_dev(self) -> bool:
@@ -85,4 +88,5 @@ class CoreConfig:
             chains_cache_s=env_float(env, "SETTLE_CHAINS_CACHE_S", 1.0),
             address_backfill_interval_s=_positive(env, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S", 300.0),
             rate_limits=RateLimitConfig.from_env(env),
+            deposits=PipelineSettings.from_env(env),
         )

@@ -1,4 +1,6 @@
-"""Chain access behind small interfaces: a reader, a fake chain for tests, a token sender.
+"""Reading a chain behind a small interface: a JSON-RPC reader and a fake chain for tests.
+
+Paying (signing and sending transfers) is `services.core.hot_wallet`.
 
 `ChainReader` is all the chain watcher needs from a node, so it can be unit-tested on
 `InMemoryChain` and run on `Web3ChainReader` (JSON-RPC) in production.
@@ -17,18 +19,13 @@ Notes for callers (they hold for every reader here):
 
 from __future__ import annotations
 
-import math
 import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol, cast
 
-from eth_abi import encode as abi_encode
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
@@ -40,13 +37,10 @@ from web3.exceptions import (
     Web3RPCError,
 )
 from web3.middleware import ExtraDataToPOAMiddleware
-from web3.types import FilterParams, TxParams
+from web3.types import FilterParams
 
 #: topic0 of `Transfer(address,address,uint256)` (ERC-20 and ERC-721 alike).
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
-
-#: 4-byte selector of `transfer(address,uint256)`.
-TRANSFER_SELECTOR = keccak(text="transfer(address,uint256)")[:4]
 
 #: Defaults that fit common providers' eth_getLogs limits (span and topic-list size).
 DEFAULT_MAX_BLOCK_SPAN = 1_000
@@ -74,10 +68,6 @@ class TransferLog:
 
 class ChainIdMismatch(RuntimeError):
     """The node serves a different chain than the one it was configured for."""
-
-
-class ReceiptTimeout(TimeoutError):
-    """No receipt for a sent transaction within the allowed time."""
 
 
 class ChainReader(Protocol):
@@ -146,7 +136,8 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
         yield items[i : i + size]
 
 
-def _hex(value: Any) -> str:
+def hex0x(value: Any) -> str:
+    """Bytes or hex text as lowercase 0x-hex."""
     # hexbytes >= 1 dropped the 0x from .hex(); normalise everything to lowercase 0x-hex.
     if isinstance(value, str):
         return value.lower() if value.startswith("0x") else "0x" + value.lower()
@@ -173,7 +164,8 @@ def connect(url: str, timeout: float) -> Web3:
     return w3
 
 
-def _receipt_status(w3: Web3, tx_hash: str) -> tuple[int, int] | None:
+def receipt_status(w3: Web3, tx_hash: str) -> tuple[int, int] | None:
+    """(status, block number) of a mined transaction, or None if not mined."""
     try:
         receipt = w3.eth.get_transaction_receipt(HexBytes(tx_hash))
     except (TransactionNotFound, TransactionIndexingInProgress):
@@ -236,7 +228,7 @@ class Web3ChainReader(ChainReader):
             blk = self.w3.eth.get_block(number)
         except BlockNotFound:
             return None
-        return BlockRef(int(blk["number"]), _hex(blk["hash"]))
+        return BlockRef(int(blk["number"]), hex0x(blk["hash"]))
 
     def gas_price_wei(self) -> int:
         """The node's eth_gasPrice."""
@@ -244,7 +236,7 @@ class Web3ChainReader(ChainReader):
 
     def receipt_status(self, tx_hash: str) -> tuple[int, int] | None:
         """(status, block number) of a mined transaction, or None if not mined."""
-        return _receipt_status(self.w3, tx_hash)
+        return receipt_status(self.w3, tx_hash)
 
     def transfers(
         self,
@@ -322,8 +314,8 @@ class Web3ChainReader(ChainReader):
         return TransferLog(
             chain_id=chain_id,
             block_number=int(log["blockNumber"]),
-            block_hash=_hex(log["blockHash"]),
-            tx_hash=_hex(log["transactionHash"]),
+            block_hash=hex0x(log["blockHash"]),
+            tx_hash=hex0x(log["transactionHash"]),
             log_index=int(log["logIndex"]),
             token_address=_checksum(str(log["address"]).lower()),
             from_address=_topic_address(topics[1]),
@@ -375,7 +367,7 @@ class InMemoryChain(ChainReader):
             raise ValueError("amount_raw must be >= 0")
         with self._lock:
             self._tx_counter += 1
-            tx_hash = _hex(keccak(text=f"{self.chain_id}:tx:{self._tx_counter}"))
+            tx_hash = hex0x(keccak(text=f"{self.chain_id}:tx:{self._tx_counter}"))
             self._pending.append(
                 _FakeTx(
                     tx_hash,
@@ -469,7 +461,7 @@ class InMemoryChain(ChainReader):
 
     def receipt_status(self, tx_hash: str) -> tuple[int, int] | None:
         """(status, block number) of a transfer on the canonical chain, or None."""
-        wanted = _hex(tx_hash)
+        wanted = hex0x(tx_hash)
         with self._lock:
             self._maybe_fail()
             for b in self._blocks:
@@ -488,7 +480,7 @@ class InMemoryChain(ChainReader):
         number = len(self._blocks)
         parent = self._blocks[-1].hash if self._blocks else "0x" + "00" * 32
         seed = f"{self.chain_id}:{number}:{self._fork}:{parent}:" + ",".join(t.tx_hash for t in txs)
-        block_hash = _hex(keccak(text=seed))
+        block_hash = hex0x(keccak(text=seed))
         logs: list[TransferLog] = []
         for tx in txs:
             if tx.reverted:
@@ -508,104 +500,3 @@ class InMemoryChain(ChainReader):
             )
         self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs)))
         return BlockRef(number, block_hash)
-
-
-class Erc20TransferExecutor:
-    """Signs and sends ERC-20 `transfer(to, amount)` from a hot wallet key."""
-
-    def __init__(
-        self,
-        w3: Web3,
-        private_key: bytes | str,
-        *,
-        chain_id: int | None = None,
-        gas_margin: float = 1.25,
-    ) -> None:
-        if gas_margin < 1.0:
-            raise ValueError("gas_margin must be >= 1.0")
-        self.w3 = w3
-        self._account: LocalAccount = Account.from_key(private_key)
-        self._chain_id = chain_id
-        self.gas_margin = gas_margin
-
-    @classmethod
-    def from_url(
-        cls, url: str, private_key: bytes | str, timeout: float, **kwargs: Any
-    ) -> Erc20TransferExecutor:
-        """An executor over the JSON-RPC node at `url`."""
-        return cls(connect(url, timeout), private_key, **kwargs)
-
-    def __repr__(self) -> str:
-        # Never let the key reach a log line through a repr.
-        return f"Erc20TransferExecutor(address={self.address})"
-
-    @property
-    def address(self) -> str:
-        """The hot wallet's checksummed address."""
-        return str(self._account.address)
-
-    @property
-    def chain_id(self) -> int:
-        """The chain id signed into every transaction (EIP-155 replay protection)."""
-        if self._chain_id is None:
-            self._chain_id = int(self.w3.eth.chain_id)
-        return self._chain_id
-
-    def build_transfer(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
-        """The unsigned transaction (nonce, fees, gas filled in from the node)."""
-        if amount_raw < 0:
-            raise ValueError("amount_raw must be >= 0")
-        token = to_checksum_address(token_address)
-        data = TRANSFER_SELECTOR + abi_encode(
-            ["address", "uint256"], [to_checksum_address(to), amount_raw]
-        )
-        tx: dict[str, Any] = {
-            "from": self.address,
-            "to": token,
-            "value": 0,
-            "data": _hex(data),
-            "chainId": self.chain_id,
-            # "pending" counts our own unmined transactions, so back-to-back sends
-            # through one node do not reuse a nonce.
-            "nonce": self.w3.eth.get_transaction_count(self._account.address, "pending"),
-        }
-        estimate = self.w3.eth.estimate_gas(cast(TxParams, dict(tx)))
-        tx["gas"] = math.ceil(estimate * self.gas_margin)
-        tx.update(self._fees())
-        return tx
-
-    def _fees(self) -> dict[str, int]:
-        base_fee = self.w3.eth.get_block("latest").get("baseFeePerGas")
-        if base_fee is None:
-            return {"gasPrice": int(self.w3.eth.gas_price)}
-        # web3 falls back to fee history when eth_maxPriorityFeePerGas is missing.
-        priority = int(self.w3.eth.max_priority_fee)
-        # 2x base fee absorbs six full blocks of base-fee growth before the tx stalls;
-        # only base fee + tip is actually paid.
-        return {
-            "type": 2,
-            "maxPriorityFeePerGas": priority,
-            "maxFeePerGas": 2 * int(base_fee) + priority,
-        }
-
-    def transfer(self, token_address: str, to: str, amount_raw: int) -> str:
-        """Sign and broadcast `transfer(to, amount_raw)` on `token_address`; the tx hash."""
-        tx = self.build_transfer(token_address, to, amount_raw)
-        del tx["from"]  # the signer implies it; eth-account rejects a mismatch anyway
-        signed = self._account.sign_transaction(tx)
-        sent = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-        return _hex(sent)
-
-    def wait_receipt(
-        self, tx_hash: str, timeout_s: float = 120.0, poll_s: float = 1.0
-    ) -> tuple[int, int]:
-        """(status, block number) once mined; ReceiptTimeout after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = _receipt_status(self.w3, tx_hash)
-            if result is not None:
-                return result
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ReceiptTimeout(f"no receipt for {tx_hash} after {timeout_s}s")
-            time.sleep(min(poll_s, remaining))

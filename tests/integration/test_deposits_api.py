@@ -11,11 +11,10 @@ import pytest
 from flask.testing import FlaskClient
 
 from services.core.context import CoreContext
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from shared.db import Database
 from tests.conftest import TenantKeys
-from tests.support.deposits import FakeClock, make_account
+from tests.support.deposits import FakeClock, deposit_parts, make_account
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +56,7 @@ def assert_error(response: Any, status: int, code: str) -> None:
 def seeded(pg_db: Database, core_context: CoreContext, tenant: TenantKeys) -> dict[str, Any]:
     """Five deposits of two users, one hour apart, on Base and Ethereum; one failed."""
     clock = FakeClock(START)
-    service = DepositService(
+    parts = deposit_parts(
         pg_db,
         core_context.registry,
         settings=PipelineSettings(ops_stuck_after_s=0),
@@ -78,16 +77,16 @@ def seeded(pg_db: Database, core_context: CoreContext, tenant: TenantKeys) -> di
     ]
     ids = []
     for account, chain_id, amount in plan:
-        document = service.create_sandbox_deposit(
+        deposit = parts.sandbox.create(
             tenant.tenant_id,
             chain_id=chain_id,
             deposit_address=account.address(chain_id),
             asset="USDC",
             amount=Decimal(amount),
         )
-        ids.append(document["id"])
+        ids.append(deposit.id)
         clock.advance(hours=1)
-    service.ops_fail(ids[2], "refunded to sender", by="ops")
+    parts.ops.fail(ids[2], "refunded to sender", by="ops")
     return {"ids": ids, "alice": alice, "bob": bob}
 
 

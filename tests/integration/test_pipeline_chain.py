@@ -16,17 +16,18 @@ from eth_account.signers.local import LocalAccount
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import EvmPayer, Settlement
 from services.core.deposits.watcher import ChainWatcher
 from services.core.deposits.worker import Pipeline, run
-from services.core.evm import Erc20TransferExecutor
+from services.core.hot_wallet import Erc20TransferExecutor
 from shared.db import Database
 from tests.conftest import TenantKeys
 from tests.support.deposits import (
     AccountRef,
+    DepositParts,
     deposit_event_types,
+    deposit_parts,
     deposits_of,
     events_of,
     make_account,
@@ -46,7 +47,7 @@ class Rig:
     evm: EvmChain
     token: str
     registry: ChainRegistry
-    service: DepositService
+    parts: DepositParts
     watcher: ChainWatcher
     hot: LocalAccount
     customer: LocalAccount
@@ -72,7 +73,7 @@ def rig(evm: EvmChain, pg_db: Database, tenant: TenantKeys) -> Rig:
     evm.mint(token, customer.address, 10_000 * USDC)
     executor = Erc20TransferExecutor(evm.w3, hot.key)
     settlement = Settlement(registry, payers={chain_id: EvmPayer(executor)})
-    service = DepositService(
+    parts = deposit_parts(
         pg_db, registry, settlement=settlement, settings=PipelineSettings(poll_s=0.0)
     )
     wallet = evm.new_account(0).address
@@ -86,8 +87,10 @@ def rig(evm: EvmChain, pg_db: Database, tenant: TenantKeys) -> Rig:
     )
     chain = registry.get(chain_id)
     assert chain is not None
-    watcher = ChainWatcher(service, chain, evm.reader(), lag_blocks=0, start_block=evm.head() + 1)
-    return Rig(evm, token, registry, service, watcher, hot, customer, account, wallet, chain_id)
+    watcher = ChainWatcher(
+        parts.detection, chain, evm.reader(), lag_blocks=0, start_block=evm.head() + 1
+    )
+    return Rig(evm, token, registry, parts, watcher, hot, customer, account, wallet, chain_id)
 
 
 def send(rig: Rig, amount_raw: int) -> str:
@@ -116,7 +119,7 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
     assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
     # And settlement pays the net from the hot wallet, skimming the live fee
     set_fee(pg_db, rig.chain_id, "0.25")
-    assert rig.service.settle(deposit.id) == states.CREDITED
+    assert rig.parts.settling.settle(deposit.id) == states.CREDITED
     (deposit,) = deposits_of(pg_db, rig.account)
     assert str(deposit.fee_usd) == "0.250000" and str(deposit.net_usd) == "125.250000"
     assert deposit.route == "direct" and deposit.credit_amount == "125.250000"
@@ -150,7 +153,7 @@ def test_reorg_before_confirmation_fails_and_never_credits(rig: Rig, pg_db: Data
     # Then the deposit failed as reorged, and settling it does nothing
     (deposit,) = deposits_of(pg_db, rig.account)
     assert (deposit.status, deposit.failure_reason) == (states.FAILED, "reorged")
-    assert rig.service.settle(deposit.id) is None
+    assert rig.parts.settling.settle(deposit.id) is None
     rig.evm.mine(3)
     rig.watcher.tick()
     assert deposit_event_types(pg_db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
@@ -168,10 +171,10 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
         # persisted cursor connects the two runs.
         chain = rig.registry.get(rig.chain_id)
         assert chain is not None
-        watcher = ChainWatcher(rig.service, chain, rig.evm.reader(), lag_blocks=0)
+        watcher = ChainWatcher(rig.parts.detection, chain, rig.evm.reader(), lag_blocks=0)
         return Pipeline(
-            service=rig.service,
-            sandbox=SandboxConfirmer(rig.service, SandboxChain(0)),
+            settling=rig.parts.settling,
+            sandbox=SandboxConfirmer(rig.parts.detection, SandboxChain(0)),
             watchers=[watcher],
             settings=settings,
         )

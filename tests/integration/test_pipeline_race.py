@@ -12,10 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from services.core.chains import ChainRegistry
-from services.core.deposits import states
+from services.core.deposits import states, transitions
 from services.core.deposits.models import Deposit
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import CreditOrder, Outcome, Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
@@ -28,7 +27,9 @@ from tests.support.deposits import (
     SENDER,
     TEST_USDC,
     AccountRef,
+    DepositParts,
     deposit_event_types,
+    deposit_parts,
     deposits_of,
     make_account,
     set_fee,
@@ -65,11 +66,9 @@ def chain_of(registry: ChainRegistry) -> int:
     return registry.default_venue_chain_id
 
 
-def new_service(db: Database, registry: ChainRegistry) -> DepositService:
+def new_parts(db: Database, registry: ChainRegistry) -> DepositParts:
     settlement = Settlement(registry, payers={chain_of(registry): SlowPayer()})
-    return DepositService(
-        db, registry, settlement=settlement, settings=PipelineSettings(poll_s=0.0)
-    )
+    return deposit_parts(db, registry, settlement=settlement, settings=PipelineSettings(poll_s=0.0))
 
 
 def race(*steps: Callable[[], Any]) -> list[Any]:
@@ -95,13 +94,13 @@ def race(*steps: Callable[[], Any]) -> list[Any]:
 
 
 def seen_deposit(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> str:
     chain.transfer(TEST_USDC, SENDER, account.address(chain.chain_id), 42 * 10**6)
     chain.mine()
-    registry_chain = service.registry.get(chain.chain_id)
+    registry_chain = parts.registry.get(chain.chain_id)
     assert registry_chain is not None
-    ChainWatcher(service, registry_chain, chain, lag_blocks=0, start_block=0).tick()
+    ChainWatcher(parts.detection, registry_chain, chain, lag_blocks=0, start_block=0).tick()
     (deposit,) = deposits_of(db, account)
     return deposit.id
 
@@ -111,16 +110,18 @@ def test_the_same_step_twice_at_once_emits_each_durable_event_once(
 ) -> None:
     set_fee(pg_db, chain_of(registry), "0.50")
     chain = InMemoryChain(chain_of(registry))
-    one, two = new_service(pg_db, registry), new_service(pg_db, registry)
+    one, two = new_parts(pg_db, registry), new_parts(pg_db, registry)
     deposit_id = seen_deposit(pg_db, one, chain, account)
     # When two workers confirm the same deposit at the same moment (blocking locks)
-    results = race(lambda: one.confirm(deposit_id, 3), lambda: two.confirm(deposit_id, 3))
+    results = race(
+        lambda: one.detection.confirm(deposit_id, 3), lambda: two.detection.confirm(deposit_id, 3)
+    )
     # Then exactly one of them moved it
     assert sum(r is not None for r in results) == 1
     # When two workers settle it at the same moment
     results = race(
-        lambda: one.settle(deposit_id, skip_locked=False),
-        lambda: two.settle(deposit_id, skip_locked=False),
+        lambda: one.settling.settle(deposit_id, skip_locked=False),
+        lambda: two.settling.settle(deposit_id, skip_locked=False),
     )
     assert results.count(states.CREDITED) == 1 and results.count(None) == 1
     assert deposit_event_types(pg_db, deposit_id) == [
@@ -134,15 +135,15 @@ def test_the_database_refuses_a_second_durable_event_even_without_the_row_lock(
     pg_db: Database, registry: ChainRegistry, account: AccountRef
 ) -> None:
     chain = InMemoryChain(chain_of(registry))
-    service = new_service(pg_db, registry)
-    deposit_id = seen_deposit(pg_db, service, chain, account)
+    parts = new_parts(pg_db, registry)
+    deposit_id = seen_deposit(pg_db, parts, chain, account)
 
     def emit_credited(delay_before: float, delay_after: float) -> bool:
         with pg_db.transaction() as session:
             deposit = session.get(Deposit, deposit_id)
             assert deposit is not None
             time.sleep(delay_before)
-            written = service._emit(session, deposit, states.CREDITED, service.clock())
+            written = transitions.emit(session, deposit, states.CREDITED, parts.clock())
             time.sleep(delay_after)  # the second writer blocks on the unique key meanwhile
             return written
 
@@ -166,23 +167,23 @@ def test_two_workers_through_the_whole_pipeline(
     registry = core_context.registry
     account = make_account(pg_db, tenant.tenant_id, registry, dest_chain_id=8453)
     settings = PipelineSettings(sandbox_block_s=0, poll_s=0.0, batch_size=1000)
-    creator = DepositService(pg_db, registry, settings=settings)
+    creator = deposit_parts(pg_db, registry, settings=settings).sandbox
     ids = [
-        creator.create_sandbox_deposit(
+        creator.create(
             tenant.tenant_id,
             chain_id=8453,
             deposit_address=account.address(8453),
             asset="USDC",
             amount=Decimal(10 + n),
-        )["id"]
+        ).id
         for n in range(20)
     ]
 
     def worker() -> None:
-        service = DepositService(pg_db, registry, settings=settings)
+        parts = deposit_parts(pg_db, registry, settings=settings)
         pipeline = Pipeline(
-            service=service,
-            sandbox=SandboxConfirmer(service, SandboxChain(0), batch_size=1000),
+            settling=parts.settling,
+            sandbox=SandboxConfirmer(parts.detection, SandboxChain(0), batch_size=1000),
             settings=settings,
         )
         deadline = time.monotonic() + 30
@@ -215,7 +216,7 @@ def test_two_watchers_on_one_chain_never_double_count(
     registry_chain = registry.get(chain.chain_id)
     assert registry_chain is not None
     watchers = [
-        ChainWatcher(new_service(pg_db, registry), registry_chain, chain, lag_blocks=0)
+        ChainWatcher(new_parts(pg_db, registry).detection, registry_chain, chain, lag_blocks=0)
         for _ in range(2)
     ]
 

@@ -18,7 +18,8 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import MethodUnavailable, TransactionNotFound, Web3RPCError
 
-from services.core.evm import Erc20TransferExecutor, Web3ChainReader, connect
+from services.core.evm import Web3ChainReader, connect
+from services.core.hot_wallet import Erc20TransferExecutor
 from tests.support.evm_chain import EvmChain
 from tests.support.evm_node import EvmNode
 from tests.support.rpc_proxy import WHOLE_NODE, Fault, RpcProxy

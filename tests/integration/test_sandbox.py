@@ -17,7 +17,6 @@ from services.core.app import create_app
 from services.core.context import CoreContext
 from services.core.deposits import commands
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.worker import Pipeline
 from shared.db import Database
@@ -27,6 +26,7 @@ from tests.conftest import TenantKeys, make_tenant
 from tests.support.deposits import (
     AccountRef,
     deposit_event_types,
+    deposit_parts,
     deposit_row,
     events_of,
     make_account,
@@ -65,10 +65,12 @@ def later(minutes: float = 10) -> Any:
 
 def pipeline(core_context: CoreContext, clock: Any) -> Pipeline:
     """The worker's settlement loop over the test database, on the given clock."""
-    service = DepositService(core_context.db, core_context.registry, settings=SETTINGS, clock=clock)
+    parts = deposit_parts(core_context.db, core_context.registry, settings=SETTINGS, clock=clock)
     return Pipeline(
-        service=service,
-        sandbox=SandboxConfirmer(service, SandboxChain(SETTINGS.sandbox_block_s), batch_size=1000),
+        settling=parts.settling,
+        sandbox=SandboxConfirmer(
+            parts.detection, SandboxChain(SETTINGS.sandbox_block_s), batch_size=1000
+        ),
         settings=SETTINGS,
     )
 
@@ -78,7 +80,7 @@ def run_until_settled(p: Pipeline, deposit_id: str, rounds: int = 10) -> str:
     status = ""
     for _ in range(rounds):
         p.settle_round()
-        status = deposit_row(p.service.db, deposit_id).status
+        status = deposit_row(p.settling.db, deposit_id).status
         if status in ("credited", "failed", "manual_review_required"):
             break
     return status
@@ -223,12 +225,12 @@ def test_manual_review_then_ops_credit_days_later_emits_credited_once(
     assert review["deposit"]["status"] == "manual_review_required"
     # When ops credit it by hand three days later
     three_days_later = utcnow() + timedelta(days=3)
-    ops = DepositService(
+    ops = deposit_parts(
         core_context.db, core_context.registry, settings=SETTINGS, clock=lambda: three_days_later
-    )
+    ).ops
     tx = "0x" + "ab" * 32
     args = argparse.Namespace(deposit_id=deposit_id, tx=tx, by="alice", reason="checked by hand")
-    assert commands.credit(args, service=ops) == 0
+    assert commands.credit(args, ops=ops) == 0
     # Then the late transition is delivered as its durable event, once
     final = client.get(f"/v1/deposits/{deposit_id}", headers=sandbox_tenant.headers).get_json()
     assert final["deposit"]["status"] == "credited"
@@ -243,7 +245,7 @@ def test_manual_review_then_ops_credit_days_later_emits_credited_once(
     assert parse_iso(credited[0]["createdAt"]) == three_days_later
     # And doing it again is refused and emits nothing
     with pytest.raises(Conflict):
-        ops.ops_credit(deposit_id, tx, by="bob", reason=None)
+        ops.credit(deposit_id, tx, by="bob", reason=None)
     assert deposit_event_types(core_context.db, deposit_id).count("deposit.credited") == 1
 
 

@@ -14,7 +14,6 @@ import sqlalchemy as sa
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
 from services.core.deposits.models import Deposit, InventoryBalance
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
     CreditOrder,
@@ -36,7 +35,9 @@ from tests.support.deposits import (
     SENDER,
     TEST_USDC,
     AccountRef,
+    DepositParts,
     deposit_event_types,
+    deposit_parts,
     deposit_row,
     events_of,
     make_account,
@@ -100,14 +101,14 @@ def account(pg_db: Database, tenant: TenantKeys, registry: ChainRegistry) -> Acc
     )
 
 
-def service_with(
+def parts_with(
     db: Database,
     registry: ChainRegistry,
     *,
     payers: dict[int, Payer] | None = None,
     providers: list[RouteProvider] | None = None,
     **settings: object,
-) -> DepositService:
+) -> DepositParts:
     tuned = PipelineSettings(**{"poll_s": 0.0, "retry_base_s": 0.0, **settings})  # type: ignore[arg-type]
     settlement = Settlement(
         registry,
@@ -115,10 +116,10 @@ def service_with(
         providers=providers or [],
         provider_max_failures=tuned.provider_max_failures,
     )
-    return DepositService(db, registry, settings=tuned, settlement=settlement)
+    return deposit_parts(db, registry, settings=tuned, settlement=settlement)
 
 
-def confirmed(service: DepositService, account: AccountRef, usdc: str) -> str:
+def confirmed(parts: DepositParts, account: AccountRef, usdc: str) -> str:
     """A transfer recorded and confirmed at depth; its deposit id."""
     transfer = TransferLog(
         chain_id=CHAIN,
@@ -131,11 +132,11 @@ def confirmed(service: DepositService, account: AccountRef, usdc: str) -> str:
         to_address=account.address(CHAIN),
         amount_raw=int(Decimal(usdc) * 10**6),
     )
-    with service.db.transaction() as session:
-        deposit = service.record_transfer(session, CHAIN, transfer, confirmations=3)
+    with parts.db.transaction() as session:
+        deposit = parts.detection.record_transfer(session, CHAIN, transfer, confirmations=3)
         assert deposit is not None
         deposit_id = deposit.id
-    assert service.confirm(deposit_id, 3) is not None
+    assert parts.detection.confirm(deposit_id, 3) is not None
     return deposit_id
 
 
@@ -147,10 +148,10 @@ def test_inventory_pays_at_once_and_warns_when_low(
     with pg_db.transaction() as session:
         set_inventory(session, 8453, USDC_BASE, "USDC", Decimal(100), Decimal(80), utcnow())
     bridge = SimulatedBridge(unique("bridge"), delay_s=0)
-    service = service_with(pg_db, registry, payers={8453: SimulatedPayer()}, providers=[bridge])
+    parts = parts_with(pg_db, registry, payers={8453: SimulatedPayer()}, providers=[bridge])
     # When a 50 USDC deposit settles to Base
-    first = confirmed(service, account, "50")
-    assert service.settle(first) == states.CREDITED
+    first = confirmed(parts, account, "50")
+    assert parts.settling.settle(first) == states.CREDITED
     # Then inventory paid 49.75 at once: no credit_submitted
     row = deposit_row(pg_db, first)
     assert (row.route, row.credit_amount) == ("inventory", "49.750000")
@@ -168,10 +169,10 @@ def test_inventory_pays_at_once_and_warns_when_low(
     assert low[0]["data"]["inventory"]["balance"] == "50.250000"
     assert low[0]["data"]["inventory"]["chainId"] == 8453
     # When the next deposit is more than inventory holds, a provider bridges it
-    second = confirmed(service, account, "60")
-    assert service.settle(second) == states.CREDIT_SUBMITTED
+    second = confirmed(parts, account, "60")
+    assert parts.settling.settle(second) == states.CREDIT_SUBMITTED
     assert deposit_row(pg_db, second).route == "routed"
-    assert service.poll(second) == states.CREDITED
+    assert parts.settling.poll(second) == states.CREDITED
     assert deposit_event_types(pg_db, second)[-2:] == [
         "deposit.credit_submitted",
         "deposit.credited",
@@ -186,10 +187,10 @@ def test_failing_health_checks_degrade_a_provider_and_traffic_moves_away(
     set_fee(pg_db, CHAIN, "0.10")
     sick = ScriptedProvider(unique("aaa-sick"), problem="timeout after 5 s")
     well = SimulatedBridge(unique("zzz-well"), delay_s=0)
-    service = service_with(pg_db, registry, providers=[sick, well], provider_max_failures=3)
+    parts = parts_with(pg_db, registry, providers=[sick, well], provider_max_failures=3)
     # When the first provider fails three health checks in a row
     for _ in range(3):
-        service.settlement.check_health(pg_db, utcnow())
+        parts.settlement.check_health(pg_db, utcnow())
     # Then it is degraded and tenants are told, once
     degraded = [
         e for e in events_of(pg_db, account.tenant_id) if e["type"] == "route.provider_degraded"
@@ -198,7 +199,7 @@ def test_failing_health_checks_degrade_a_provider_and_traffic_moves_away(
     provider = degraded[0]["data"]["provider"]
     assert provider["name"] == sick.name and provider["status"] == "degraded"
     assert "timeout" in provider["reason"]
-    service.settlement.check_health(pg_db, utcnow())
+    parts.settlement.check_health(pg_db, utcnow())
     assert (
         len(
             [
@@ -210,15 +211,15 @@ def test_failing_health_checks_degrade_a_provider_and_traffic_moves_away(
         == 1
     )
     # And new credits go to the healthy provider
-    deposit_id = confirmed(service, account, "20")
-    assert service.settle(deposit_id) == states.CREDIT_SUBMITTED
+    deposit_id = confirmed(parts, account, "20")
+    assert parts.settling.settle(deposit_id) == states.CREDIT_SUBMITTED
     assert deposit_row(pg_db, deposit_id).provider == well.name
     assert sick.submitted == []
     # When it recovers, it takes traffic again
     sick.problem = None
-    service.settlement.check_health(pg_db, utcnow())
-    other = confirmed(service, account, "20")
-    service.settle(other)
+    parts.settlement.check_health(pg_db, utcnow())
+    other = confirmed(parts, account, "20")
+    parts.settling.settle(other)
     assert sick.submitted == [other]
 
 
@@ -228,21 +229,21 @@ def test_failed_route_moves_to_an_alternate_provider_then_to_manual_review(
     set_fee(pg_db, CHAIN, "0.10")
     broken = ScriptedProvider(unique("aaa-broken"), outcome=Failed("bridge paused"))
     spare = SimulatedBridge(unique("bbb-spare"), delay_s=0)
-    service = service_with(pg_db, registry, providers=[broken, spare], max_settle_attempts=3)
+    parts = parts_with(pg_db, registry, providers=[broken, spare], max_settle_attempts=3)
     # A route that fails is retried on the alternate provider, and credited
-    deposit_id = confirmed(service, account, "15")
-    assert service.settle(deposit_id) == states.SOURCE_CONFIRMED
-    assert service.settle(deposit_id) == states.CREDIT_SUBMITTED
-    assert service.poll(deposit_id) == states.CREDITED
+    deposit_id = confirmed(parts, account, "15")
+    assert parts.settling.settle(deposit_id) == states.SOURCE_CONFIRMED
+    assert parts.settling.settle(deposit_id) == states.CREDIT_SUBMITTED
+    assert parts.settling.poll(deposit_id) == states.CREDITED
     row = deposit_row(pg_db, deposit_id)
     assert row.failed_providers == [broken.name] and row.provider == spare.name
     # When every provider fails, the deposit goes to a person after the last attempt
-    only_broken = service_with(
+    only_broken = parts_with(
         pg_db, registry, providers=[broken], max_settle_attempts=2, provider_max_failures=99
     )
     stuck = confirmed(only_broken, account, "15")
-    only_broken.settle(stuck)
-    assert only_broken.settle(stuck) == states.MANUAL_REVIEW_REQUIRED
+    only_broken.settling.settle(stuck)
+    assert only_broken.settling.settle(stuck) == states.MANUAL_REVIEW_REQUIRED
     row = deposit_row(pg_db, stuck)
     assert row.review_reason is not None and row.review_reason.startswith("route_failed")
     assert deposit_event_types(pg_db, stuck)[-1] == "deposit.manual_review_required"
@@ -252,10 +253,10 @@ def test_no_route_at_all_ends_in_manual_review(
     pg_db: Database, registry: ChainRegistry, account: AccountRef
 ) -> None:
     set_fee(pg_db, CHAIN, "0.10")
-    service = service_with(pg_db, registry, max_settle_attempts=2)
-    deposit_id = confirmed(service, account, "15")
-    assert service.settle(deposit_id) == states.SOURCE_CONFIRMED
-    assert service.settle(deposit_id) == states.MANUAL_REVIEW_REQUIRED
+    parts = parts_with(pg_db, registry, max_settle_attempts=2)
+    deposit_id = confirmed(parts, account, "15")
+    assert parts.settling.settle(deposit_id) == states.SOURCE_CONFIRMED
+    assert parts.settling.settle(deposit_id) == states.MANUAL_REVIEW_REQUIRED
     assert deposit_row(pg_db, deposit_id).review_reason == "no_route: no route available"
 
 
@@ -280,16 +281,16 @@ def test_an_interrupted_payment_is_retried_only_when_the_route_is_idempotent(
 ) -> None:
     set_fee(pg_db, CHAIN, "0.10")
     # A payer that may have paid: a person decides
-    risky = service_with(pg_db, registry, payers={8453: ForgetfulPayer("hot-wallet-x")})
+    risky = parts_with(pg_db, registry, payers={8453: ForgetfulPayer("hot-wallet-x")})
     first = confirmed(risky, account, "12")
     _crash_mid_payment(pg_db, first, "inventory", "hot-wallet-x")
-    assert risky.interrupted(1000).count(first) == 1
-    assert risky.recover(first) == states.MANUAL_REVIEW_REQUIRED
+    assert risky.settling.store.interrupted(risky.settling.stuck_cutoff(), 1000).count(first) == 1
+    assert risky.settling.recover(first) == states.MANUAL_REVIEW_REQUIRED
     assert deposit_row(pg_db, first).review_reason == "settlement_interrupted"
     # A payer that answers the same for the same deposit: simply asked again
-    safe = service_with(pg_db, registry, payers={8453: SimulatedPayer("sim-x")})
+    safe = parts_with(pg_db, registry, payers={8453: SimulatedPayer("sim-x")})
     second = confirmed(safe, account, "12")
     _crash_mid_payment(pg_db, second, "inventory", "sim-x")
-    assert safe.recover(second) == states.SOURCE_CONFIRMED
-    assert safe.settle(second) == states.CREDITED
+    assert safe.settling.recover(second) == states.SOURCE_CONFIRMED
+    assert safe.settling.settle(second) == states.CREDITED
     assert deposit_event_types(pg_db, second).count("deposit.credited") == 1

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 
 from services.core.deposits import states
-from services.core.deposits.service import DepositService
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
 from services.core.evm import InMemoryChain
@@ -25,7 +24,9 @@ from tests.support.deposits import (
     TEST_CHAIN_ID,
     TEST_USDC,
     AccountRef,
+    DepositParts,
     deposit_event_types,
+    deposit_parts,
     deposits_of,
     make_account,
     set_fee,
@@ -64,28 +65,30 @@ def chain() -> InMemoryChain:
 
 
 @pytest.fixture
-def service(db: Database) -> DepositService:
+def parts(db: Database) -> DepositParts:
     registry = small_registry(depth=3, min_deposit_usd=1.0)
     settlement = Settlement(registry, payers={TEST_CHAIN_ID: SimulatedPayer()})
-    return DepositService(db, registry, settlement=settlement)
+    return deposit_parts(db, registry, settlement=settlement)
 
 
 @pytest.fixture
-def account(db: Database, service: DepositService) -> AccountRef:
-    return make_account(db, TENANT, service.registry)
+def account(db: Database, parts: DepositParts) -> AccountRef:
+    return make_account(db, TENANT, parts.registry)
 
 
-def watcher(service: DepositService, chain: InMemoryChain, lag: int = 0) -> ChainWatcher:
-    registry_chain = service.registry.get(TEST_CHAIN_ID)
+def watcher(parts: DepositParts, chain: InMemoryChain, lag: int = 0) -> ChainWatcher:
+    registry_chain = parts.registry.get(TEST_CHAIN_ID)
     assert registry_chain is not None
-    return ChainWatcher(service, registry_chain, chain, lag_blocks=lag, max_range=50, start_block=1)
+    return ChainWatcher(
+        parts.detection, registry_chain, chain, lag_blocks=lag, max_range=50, start_block=1
+    )
 
 
 def test_transfer_is_seen_then_confirmed_exactly_at_depth_then_credited(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
     # Given a watcher caught up with the chain
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     # When 125.50 USDC arrives at the account's deposit address
     chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
@@ -108,7 +111,7 @@ def test_transfer_is_seen_then_confirmed_exactly_at_depth_then_credited(
     assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
     # And settling skims the chain's live fee
     set_fee(db, TEST_CHAIN_ID, "0.25")
-    assert service.settle(deposit.id) == states.CREDITED
+    assert parts.settling.settle(deposit.id) == states.CREDITED
     (deposit,) = deposits_of(db, account)
     assert str(deposit.amount_usd) == "125.500000"
     assert str(deposit.fee_usd) == "0.250000" and str(deposit.net_usd) == "125.250000"
@@ -121,9 +124,9 @@ def test_transfer_is_seen_then_confirmed_exactly_at_depth_then_credited(
 
 
 def test_reorg_before_confirmation_fails_the_deposit_and_never_credits_it(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     # Given a seen deposit
     chain.transfer(TEST_USDC, SENDER, account.address(), 50_000_000)
@@ -143,14 +146,14 @@ def test_reorg_before_confirmation_fails_the_deposit_and_never_credits_it(
     for _ in range(3):
         chain.mine()
         w.tick()
-        service.settle(deposit.id)
+        parts.settling.settle(deposit.id)
     assert deposit_event_types(db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
 
 
 def test_transfer_reincluded_by_a_reorg_moves_to_its_new_block(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
     (old_block,) = chain.mine()
@@ -176,9 +179,9 @@ def test_transfer_reincluded_by_a_reorg_moves_to_its_new_block(
 
 
 def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_deposit(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     tx = chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
     chain.mine()
@@ -198,9 +201,9 @@ def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_depos
 
 
 def test_unsupported_token_goes_to_manual_review_never_ignored(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     # When a token the chain does not support arrives at a deposit address
     chain.transfer(ODD_TOKEN, SENDER, account.address(), 7 * 10**18)
@@ -215,14 +218,14 @@ def test_unsupported_token_goes_to_manual_review_never_ignored(
         "deposit.source_seen",
         "deposit.manual_review_required",
     ]
-    assert service.settle(deposit.id) is None
+    assert parts.settling.settle(deposit.id) is None
 
 
 def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
     # Given a watcher that saw two transfers, then stopped between blocks
-    first = watcher(service, chain)
+    first = watcher(parts, chain)
     for amount in (1, 2):
         chain.transfer(TEST_USDC, SENDER, account.address(), amount * 10**6)
         chain.mine()
@@ -235,9 +238,9 @@ def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(
     chain.transfer(TEST_USDC, SENDER, account.address(), 5 * 10**6)
     chain.mine()
     # When a new watcher process starts (no start block: it must use the cursor)
-    registry_chain = service.registry.get(TEST_CHAIN_ID)
+    registry_chain = parts.registry.get(TEST_CHAIN_ID)
     assert registry_chain is not None
-    restarted = ChainWatcher(service, registry_chain, chain, lag_blocks=0)
+    restarted = ChainWatcher(parts.detection, registry_chain, chain, lag_blocks=0)
     assert restarted.next_block() == stopped_at
     restarted.tick()
     restarted.tick()
@@ -251,9 +254,9 @@ def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(
 
 
 def test_watcher_stays_behind_the_head_and_survives_a_node_outage(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain, lag=1)
+    w = watcher(parts, chain, lag=1)
     w.tick()
     chain.transfer(TEST_USDC, SENDER, account.address(), 10**6)
     chain.mine()
@@ -271,15 +274,15 @@ def test_watcher_stays_behind_the_head_and_survives_a_node_outage(
 
 
 def test_dust_below_the_floor_fails_below_minimum(
-    db: Database, service: DepositService, chain: InMemoryChain, account: AccountRef
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(service, chain)
+    w = watcher(parts, chain)
     w.tick()
     chain.transfer(TEST_USDC, SENDER, account.address(), 990_000)  # 0.99 < 1.00 floor
     chain.mine(3)
     w.tick()
     (deposit,) = deposits_of(db, account)
     assert deposit.status == states.SOURCE_CONFIRMED
-    assert service.settle(deposit.id) == states.FAILED
+    assert parts.settling.settle(deposit.id) == states.FAILED
     (deposit,) = deposits_of(db, account)
     assert deposit.failure_reason == "below_minimum" and deposit.credit_tx_hash is None

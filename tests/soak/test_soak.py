@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,6 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from services.core.api.sandbox import SETTINGS_EXTENSION
 from services.core.app import create_app as create_core_app
 from services.core.context import CoreContext
 from services.core.deposits.models import Deposit
@@ -219,13 +218,14 @@ class Soak:
         self.rx = rx
         self.rng = rng
         self.tally = Tally()
-        core_ctx = CoreContext.build(
-            core_config(url, tmp / "core-data"), db=self.db, identity_db=self.db
+        # The API stamps sandbox deposits with the block time the worker confirms them by.
+        config = replace(
+            core_config(url, tmp / "core-data"),
+            deposits=PipelineSettings(sandbox_block_s=SANDBOX_BLOCK_S),
         )
+        core_ctx = CoreContext.build(config, db=self.db, identity_db=self.db)
         core_app = create_core_app(context=core_ctx)
         core_app.testing = True
-        # The API stamps sandbox deposits with the block time the worker confirms them by.
-        core_app.extensions[SETTINGS_EXTENSION] = PipelineSettings(sandbox_block_s=SANDBOX_BLOCK_S)
         self.core: FlaskClient = core_app.test_client()
         notifier_ctx = NotifierContext.build(
             notifier_config(url, secret_key=SECRET_KEY), db=self.db, identity_db=self.db

@@ -20,11 +20,21 @@ from sqlalchemy.orm import Session
 
 from services.core.addresses import AddressDeriver
 from services.core.chains import ChainRegistry, parse_chains
+from services.core.deposits.detection import Detection
 from services.core.deposits.models import Deposit
+from services.core.deposits.ops import Ops
+from services.core.deposits.pricing import PriceSource, StaticPrices
+from services.core.deposits.queries import DepositQueries
+from services.core.deposits.sandbox import SandboxChain, SandboxDeposits
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import Settlement
+from services.core.deposits.settling import Settling
 from services.core.models import ChainFee, DepositAccount, DepositAddress, OutboxEvent
 from shared.db import Database
 from shared.timefmt import utcnow
 from tests.support.keys import test_xpub
+
+Clock = Callable[[], datetime]
 
 #: A chain id of the tests' own (fees stored for it cannot clash with other suites').
 TEST_CHAIN_ID = 31337
@@ -256,4 +266,48 @@ class FakeClock:
         self.now += timedelta(**kwargs)
 
 
-Clock = Callable[[], datetime]
+@dataclass
+class DepositParts:
+    """The deposit pipeline's use cases over one database, wired as the worker wires them."""
+
+    db: Database
+    registry: ChainRegistry
+    settings: PipelineSettings
+    settlement: Settlement
+    detection: Detection
+    settling: Settling
+    ops: Ops
+    queries: DepositQueries
+    sandbox: SandboxDeposits
+    clock: Clock
+
+
+def deposit_parts(
+    db: Database,
+    registry: ChainRegistry,
+    *,
+    settings: PipelineSettings | None = None,
+    settlement: Settlement | None = None,
+    prices: PriceSource | None = None,
+    clock: Clock = utcnow,
+) -> DepositParts:
+    """Every deposit use case on `db` (defaults: settings' prices, no payers)."""
+    settings = settings or PipelineSettings()
+    settlement = settlement or Settlement(
+        registry, provider_max_failures=settings.provider_max_failures
+    )
+    prices = prices or StaticPrices(settings.prices_usd)
+    return DepositParts(
+        db=db,
+        registry=registry,
+        settings=settings,
+        settlement=settlement,
+        detection=Detection(db, registry, prices, clock=clock),
+        settling=Settling(db, registry, settlement, prices, settings, clock=clock),
+        ops=Ops(db, registry, settlement, settings, clock=clock),
+        queries=DepositQueries(db),
+        sandbox=SandboxDeposits(
+            db, registry, prices, SandboxChain(settings.sandbox_block_s), clock=clock
+        ),
+        clock=clock,
+    )

@@ -7,23 +7,19 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import marshmallow as ma
-from flask import Response, current_app, jsonify
 from flask.views import MethodView
 
-from services.core.api.deposits import DepositEnvelopeSchema
 from services.core.context import core
+from services.core.deposits.pricing import StaticPrices
+from services.core.deposits.rules import SANDBOX_OUTCOMES
 from services.core.deposits.sandbox import SandboxChain
-from services.core.deposits.service import SANDBOX_OUTCOMES, DepositService
-from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.sandbox import SandboxDeposits as SandboxDepositUseCase
+from services.core.deposits.serialize import DepositEnvelopeSchema
 from services.core.models import IdempotencyRecord
 from shared.api import Address, Blueprint, ErrorSchema, Schema, StrictInteger
 from shared.errors import Forbidden
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
-from shared.timefmt import utcnow
-
-#: App extension holding the pipeline settings (read from the environment once).
-SETTINGS_EXTENSION = "settle.deposits.settings"
 
 _DECIMAL = re.compile(r"^[0-9]{1,60}(\.[0-9]{1,36})?$")
 
@@ -33,14 +29,6 @@ blp = Blueprint(
     url_prefix="/v1",
     description="Sandbox: simulated deposits that go through the real pipeline.",
 )
-
-
-def pipeline_settings() -> PipelineSettings:
-    settings: PipelineSettings | None = current_app.extensions.get(SETTINGS_EXTENSION)
-    if settings is None:
-        settings = PipelineSettings.from_env()
-        current_app.extensions[SETTINGS_EXTENSION] = settings
-    return settings
 
 
 class DecimalString(ma.fields.String):
@@ -85,7 +73,7 @@ class SandboxDeposits(MethodView):
     @blp.alt_response(409, schema=ErrorSchema, description="idempotency_key_reused")
     @blp.alt_response(413, schema=ErrorSchema, description="payload_too_large")
     @blp.doc(parameters=[OPENAPI_PARAMETER])
-    def post(self, args: dict[str, Any]) -> Response:
+    def post(self, args: dict[str, Any]) -> dict[str, Any]:
         """Simulate a deposit to one of your deposit addresses.
 
         Only for sandbox tenants (or when the service runs with SETTLE_SANDBOX on). The
@@ -97,18 +85,19 @@ class SandboxDeposits(MethodView):
         principal = auth.current_principal()
         if not (principal.sandbox or ctx.config.sandbox):
             raise Forbidden("sandbox deposits are only for sandbox tenants")
-        settings = pipeline_settings()
-        chain = SandboxChain(settings.sandbox_block_s)
-        block = chain.head(utcnow())
-        service = DepositService(ctx.db, ctx.registry, settings=settings)
-        document = service.create_sandbox_deposit(
+        settings = ctx.config.deposits
+        deposits = SandboxDepositUseCase(
+            ctx.db,
+            ctx.registry,
+            StaticPrices(settings.prices_usd),
+            SandboxChain(settings.sandbox_block_s),
+        )
+        deposit = deposits.create(
             principal.tenant_id,
             chain_id=args["chain_id"],
             deposit_address=args["deposit_address"],
             asset=args["asset"],
             amount=args["amount"],
             outcome=args["outcome"],
-            block_number=block,
-            block_hash=chain.block_hash(args["chain_id"], block),
         )
-        return jsonify({"deposit": document})
+        return {"deposit": deposit}

@@ -18,27 +18,36 @@ from typing import TYPE_CHECKING
 from shared.errors import ApiError
 
 if TYPE_CHECKING:
-    from services.core.deposits.service import DepositService
+    from services.core.deposits.models import Deposit
+    from services.core.deposits.ops import Ops
 
 _TX_HASH = re.compile(r"^0x[0-9a-fA-F]{64}$")
 
 
-def build_service() -> DepositService:
-    """A DepositService from the environment (the CLI's own small pool)."""
-    # Imported here, not at the top: the service pulls in web3, which every other
+def build_ops() -> Ops:
+    """The ops use case from the environment (the CLI's own small pool)."""
+    # Imported here, not at the top: settlement pulls in web3, which every other
     # `settle` command would otherwise load at start.
     from services.core.chains import load_chains
     from services.core.config import CoreConfig
-    from services.core.deposits.service import DepositService
-    from services.core.deposits.settings import PipelineSettings
+    from services.core.deposits.ops import Ops
+    from services.core.deposits.settlement import Settlement
     from shared.db import Database
 
     config = CoreConfig.from_env()
-    return DepositService(
+    registry = load_chains(config.chains_file)
+    return Ops(
         Database(config.database_url, pool_size=1),
-        load_chains(config.chains_file),
-        settings=PipelineSettings.from_env(),
+        registry,
+        Settlement(registry),
+        config.deposits,
     )
+
+
+def _print(deposit: Deposit) -> None:
+    from services.core.deposits.serialize import deposit_document
+
+    sys.stdout.write(json.dumps({"deposit": deposit_document(deposit)}) + "\n")
 
 
 def _operator(name: str | None) -> str:
@@ -50,35 +59,35 @@ def _operator(name: str | None) -> str:
         return "ops"
 
 
-def credit(args: argparse.Namespace, service: DepositService | None = None) -> int:
+def credit(args: argparse.Namespace, ops: Ops | None = None) -> int:
     if not _TX_HASH.match(args.tx):
         sys.stderr.write("error: invalid_request: --tx must be 0x followed by 64 hex characters\n")
         return 2
-    own = service is None
-    service = service or build_service()
+    own = ops is None
+    ops = ops or build_ops()
     try:
-        document = service.ops_credit(
+        deposit = ops.credit(
             args.deposit_id, args.tx.lower(), by=_operator(args.by), reason=args.reason
         )
     finally:
         if own:
-            service.db.dispose()
-    sys.stdout.write(json.dumps({"deposit": document}) + "\n")
+            ops.db.dispose()
+    _print(deposit)
     return 0
 
 
-def fail(args: argparse.Namespace, service: DepositService | None = None) -> int:
+def fail(args: argparse.Namespace, ops: Ops | None = None) -> int:
     if not args.reason.strip():
         sys.stderr.write("error: invalid_request: --reason must not be empty\n")
         return 2
-    own = service is None
-    service = service or build_service()
+    own = ops is None
+    ops = ops or build_ops()
     try:
-        document = service.ops_fail(args.deposit_id, args.reason.strip(), by=_operator(args.by))
+        deposit = ops.fail(args.deposit_id, args.reason.strip(), by=_operator(args.by))
     finally:
         if own:
-            service.db.dispose()
-    sys.stdout.write(json.dumps({"deposit": document}) + "\n")
+            ops.db.dispose()
+    _print(deposit)
     return 0
 
 

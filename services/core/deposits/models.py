@@ -12,6 +12,7 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
+from services.core.destinations import Destination
 from services.core.models import CoreBase
 from shared.db import JSONType, UTCDateTime
 
@@ -105,6 +106,11 @@ class Deposit(CoreBase):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     confirmed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     credited_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    @property
+    def destination(self) -> Destination:
+        """Where the deposit settles (the account's destination when it was detected)."""
+        return Destination(self.dest_chain_id, self.dest_address, self.dest_token_address)
 
 
 class ChainCursor(CoreBase):

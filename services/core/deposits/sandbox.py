@@ -10,14 +10,22 @@ one confirmation per simulated block until the chain's depth (the chains file).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from eth_utils import keccak
 
+from services.core.chains import ChainRegistry
+from services.core.deposits.detection import Detection, account_at, open_deposit
 from services.core.deposits.models import Deposit
-from services.core.deposits.service import DepositService
+from services.core.deposits.pricing import PriceSource, amount_usd
+from services.core.deposits.rules import SANDBOX_OUTCOMES
+from shared.db import Database
+from shared.errors import InvalidRequest, NotFound
+from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +53,99 @@ class SandboxChain:
         return min(count, deposit.required_confirmations)
 
 
+def _invalid(field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
+
+
+class SandboxDeposits:
+    """The use case behind POST /v1/sandbox/deposits."""
+
+    def __init__(
+        self,
+        db: Database,
+        registry: ChainRegistry,
+        prices: PriceSource,
+        chain: SandboxChain,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.db = db
+        self.registry = registry
+        self.prices = prices
+        self.chain = chain
+        self.clock = clock
+
+    def create(
+        self,
+        tenant_id: str,
+        *,
+        chain_id: int,
+        deposit_address: str,
+        asset: str,
+        amount: Decimal,
+        outcome: str = "credited",
+    ) -> Deposit:
+        """A simulated deposit to one of the tenant's addresses; enters the pipeline seen."""
+        chain = self.registry.require_active(chain_id)
+        token = chain.asset_by_symbol(asset)
+        if token is None:
+            accepted = ", ".join(a.symbol for a in chain.assets)
+            raise _invalid("asset", f"{asset} is not accepted on chain {chain_id}; use {accepted}")
+        if not amount.is_finite() or amount <= 0:
+            raise _invalid("amount", "must be a positive decimal amount")
+        if amount.as_tuple().exponent < -token.decimals:  # type: ignore[operator]
+            raise _invalid("amount", f"{asset} has {token.decimals} decimals; {amount} has more")
+        amount_raw = int(amount.scaleb(token.decimals))
+        if amount_raw >= 2**256:
+            raise _invalid("amount", "is too large for a token amount")
+        if outcome not in SANDBOX_OUTCOMES:
+            raise _invalid("outcome", f"must be one of {', '.join(SANDBOX_OUTCOMES)}")
+        now = self.clock()
+        block = self.chain.head(now)
+        with self.db.transaction() as session:
+            account = account_at(session, chain_id, deposit_address, tenant_id=tenant_id)
+            if account is None:
+                raise NotFound(f"no deposit address {deposit_address} on chain {chain_id}")
+            price = self.prices.usd_price(chain_id, token.symbol)
+            deposit = open_deposit(
+                session,
+                self.registry,
+                account,
+                chain_id=chain_id,
+                deposit_address=deposit_address,
+                asset=token.symbol,
+                token_address=token.token_address,
+                decimals=token.decimals,
+                amount_raw=amount_raw,
+                amount_usd_value=amount_usd(amount, price),
+                source_tx_hash="0x" + secrets.token_hex(32),
+                log_index=0,
+                from_address=None,
+                block_number=block,
+                block_hash=self.chain.block_hash(chain_id, block),
+                confirmations=1,
+                now=now,
+                sandbox=True,
+                sandbox_outcome=outcome,
+            )
+            assert deposit is not None  # a random tx hash cannot collide
+            return deposit
+
+
 class SandboxConfirmer:
     """Counts confirmations of pending sandbox deposits and confirms them at depth."""
 
     def __init__(
         self,
-        service: DepositService,
+        detection: Detection,
         chain: SandboxChain,
         *,
         clock: Callable[[], datetime] | None = None,
         batch_size: int = 100,
     ) -> None:
-        self.service = service
+        self.detection = detection
         self.chain = chain
-        self.clock = clock or service.clock
+        self.clock = clock or detection.clock
         self.batch_size = batch_size
 
     def tick(self) -> int:
@@ -66,12 +153,12 @@ class SandboxConfirmer:
         now = self.clock()
         confirmed = 0
         counts: dict[str, int] = {}
-        for deposit in self.service.pending_sandbox(self.batch_size):
+        for deposit in self.detection.store.pending_sandbox(self.batch_size):
             count = self.chain.confirmations(deposit, now)
             if count >= deposit.required_confirmations:
-                if self.service.confirm(deposit.id, count, skip_locked=True) is not None:
+                if self.detection.confirm(deposit.id, count, skip_locked=True) is not None:
                     confirmed += 1
             elif count != deposit.confirmations:
                 counts[deposit.id] = count
-        self.service.set_confirmations(counts)
+        self.detection.set_confirmations(counts)
         return confirmed

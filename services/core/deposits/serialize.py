@@ -1,8 +1,9 @@
 """The deposit object: what GET /v1/deposits serves and every deposit event carries.
 
-A `deposit.credited` event is a settlement receipt, so the object says everything:
-what arrived (chain, token, amount, source tx), what it was worth, the fee skimmed,
-what was paid, where (destination snapshot) and by which transaction.
+One schema renders it for both, so a `deposit.credited` event is exactly what the API
+would have served at that moment, and a settlement receipt: what arrived (chain,
+token, amount, source tx), what it was worth, the fee skimmed, what was paid, where
+(destination snapshot) and by which transaction.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import marshmallow as ma
+
+from services.core.deposits import states
 from services.core.deposits.models import Deposit
-from shared.timefmt import iso_ms
+from shared.api import Schema, Timestamp
 
 
 def token_units(raw: int, decimals: int) -> Decimal:
@@ -33,46 +37,92 @@ def amount_text(deposit: Deposit) -> str:
     return format_amount(token_units(int(deposit.amount_raw), deposit.decimals))
 
 
-def _usd(value: Decimal | None) -> float | None:
-    return None if value is None else float(value)
+class DepositDestinationSchema(Schema):
+    chain_id = ma.fields.Integer(required=True)
+    address = ma.fields.String(required=True)
+    token_address = ma.fields.String(required=True)
+
+
+class DepositSchema(Schema):
+    """The deposit object (GET /v1/deposits and every deposit event's `data.deposit`)."""
+
+    id = ma.fields.String(required=True, metadata={"example": "dep_01JD3Y9X8M2K4Q7R5T6V8W0Z1A"})
+    account_id = ma.fields.String(required=True)
+    external_user_id = ma.fields.String(required=True)
+    status = ma.fields.String(required=True, metadata={"enum": list(states.STATUSES)})
+    chain_id = ma.fields.Integer(required=True)
+    deposit_address = ma.fields.String(required=True)
+    asset = ma.fields.String(
+        required=True, allow_none=True, metadata={"description": "Null for an unsupported token."}
+    )
+    token_address = ma.fields.String(required=True)
+    decimals = ma.fields.Integer(required=True, allow_none=True)
+    amount = ma.fields.Function(
+        amount_text,
+        required=True,
+        metadata={
+            "type": "string",
+            "example": "125.50",
+            "description": "Token units as a decimal string (base units when the token is "
+            "unsupported and its decimals unknown).",
+        },
+    )
+    amount_raw = ma.fields.String(required=True, metadata={"description": "Base units."})
+    amount_usd = ma.fields.Float(required=True, allow_none=True)
+    settlement_gas_fee_usd = ma.fields.Float(
+        attribute="fee_usd",
+        required=True,
+        allow_none=True,
+        metadata={"description": "The chain's live fee, recorded at settlement (estimate before)."},
+    )
+    net_amount_usd = ma.fields.Float(
+        attribute="net_usd",
+        required=True,
+        allow_none=True,
+        metadata={"description": "amountUsd - fee."},
+    )
+    source_tx_hash = ma.fields.String(required=True)
+    log_index = ma.fields.Integer(required=True)
+    from_address = ma.fields.String(required=True, allow_none=True)
+    block_number = ma.fields.Integer(required=True, allow_none=True)
+    block_hash = ma.fields.String(required=True, allow_none=True)
+    confirmations = ma.fields.Integer(required=True)
+    required_confirmations = ma.fields.Integer(required=True)
+    destination = ma.fields.Nested(
+        DepositDestinationSchema,
+        required=True,
+        metadata={"description": "The account's destination when the deposit was detected."},
+    )
+    route = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"enum": ["direct", "inventory", "routed", "manual", None]},
+    )
+    credit_tx_hash = ma.fields.String(required=True, allow_none=True)
+    failure_reason = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "reorged, below_minimum, below_fee, sandbox_outcome, or ops text."
+        },
+    )
+    review_reason = ma.fields.String(required=True, allow_none=True)
+    sandbox = ma.fields.Boolean(required=True)
+    created_at = Timestamp(required=True)
+    updated_at = Timestamp(required=True)
+    confirmed_at = Timestamp(required=True, allow_none=True)
+    credited_at = Timestamp(required=True, allow_none=True)
+
+
+class DepositEnvelopeSchema(Schema):
+    deposit = ma.fields.Nested(DepositSchema, required=True)
+
+
+#: Made once: schemas keep no per-dump state.
+_DEPOSIT = DepositSchema()
 
 
 def deposit_document(deposit: Deposit) -> dict[str, Any]:
-    """The deposit object (wire form, camelCase)."""
-    return {
-        "id": deposit.id,
-        "accountId": deposit.account_id,
-        "externalUserId": deposit.external_user_id,
-        "status": deposit.status,
-        "chainId": deposit.chain_id,
-        "depositAddress": deposit.deposit_address,
-        "asset": deposit.asset,
-        "tokenAddress": deposit.token_address,
-        "decimals": deposit.decimals,
-        "amount": amount_text(deposit),
-        "amountRaw": deposit.amount_raw,
-        "amountUsd": _usd(deposit.amount_usd),
-        "settlementGasFeeUsd": _usd(deposit.fee_usd),
-        "netAmountUsd": _usd(deposit.net_usd),
-        "sourceTxHash": deposit.source_tx_hash,
-        "logIndex": deposit.log_index,
-        "fromAddress": deposit.from_address,
-        "blockNumber": deposit.block_number,
-        "blockHash": deposit.block_hash,
-        "confirmations": deposit.confirmations,
-        "requiredConfirmations": deposit.required_confirmations,
-        "destination": {
-            "chainId": deposit.dest_chain_id,
-            "address": deposit.dest_address,
-            "tokenAddress": deposit.dest_token_address,
-        },
-        "route": deposit.route,
-        "creditTxHash": deposit.credit_tx_hash,
-        "failureReason": deposit.failure_reason,
-        "reviewReason": deposit.review_reason,
-        "sandbox": deposit.sandbox,
-        "createdAt": iso_ms(deposit.created_at),
-        "updatedAt": iso_ms(deposit.updated_at),
-        "confirmedAt": None if deposit.confirmed_at is None else iso_ms(deposit.confirmed_at),
-        "creditedAt": None if deposit.credited_at is None else iso_ms(deposit.credited_at),
-    }
+    """The deposit object (wire form, camelCase), as the API and events carry it."""
+    document: dict[str, Any] = _DEPOSIT.dump(deposit)
+    return document

@@ -1,7 +1,7 @@
-"""Knobs of the deposit pipeline, read from the environment into a frozen object.
+"""Knobs of the deposit pipeline: a frozen object that CoreConfig carries (`deposits`).
 
-Kept beside the pipeline (not in CoreConfig) so the pipeline owns its settings; the
-node URLs still come from CoreConfig.rpc_urls (`SETTLE_RPC_URL_<chainId>`).
+Read from the environment once, by `CoreConfig.from_env`; the node URLs are
+CoreConfig.rpc_urls (`SETTLE_RPC_URL_<chainId>`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
-from shared.settings import SettingsError, env_bool, env_float, env_int, env_str, environ
+from shared.settings import SettingsError, env_bool, env_float, env_int, env_str
 
 #: `chainId:SYMBOL=balance[@threshold]`, comma-separated.
 _INVENTORY_ITEM = re.compile(r"^\s*(\d+):([A-Za-z0-9._-]+)=([0-9.]+)(?:@([0-9.]+))?\s*$")
@@ -67,8 +67,8 @@ class PipelineSettings:
     inventory: tuple[InventorySeed, ...] = ()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> PipelineSettings:
-        env = environ() if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> PipelineSettings:
+        """The settings in `env` (CoreConfig.from_env's part; nothing else reads them)."""
         dev = (env_str(env, "SETTLE_ENV", "dev") or "dev") == "dev"
         return cls(
             sandbox_block_s=_non_negative(env, "SETTLE_SANDBOX_BLOCK_S", 0.05),

@@ -31,7 +31,7 @@ from services.core import outbox
 from services.core.chains import ChainRegistry
 from services.core.deposits.models import Deposit, InventoryBalance, RouteProviderHealth
 from services.core.deposits.settings import InventorySeed
-from services.core.evm import Erc20TransferExecutor, ReceiptTimeout
+from services.core.hot_wallet import Erc20TransferExecutor, ReceiptTimeout
 from services.core.models import DepositAccount
 from shared import events
 from shared.db import Database

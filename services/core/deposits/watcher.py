@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from services.core.chains import Chain
+from services.core.deposits.detection import Detection
 from services.core.deposits.models import ChainCheckpoint, ChainCursor
-from services.core.deposits.service import DepositService
 from services.core.evm import BlockRef, ChainReader
 from services.core.models import DepositAddress
 
@@ -53,7 +53,7 @@ class ChainWatcher:
 
     def __init__(
         self,
-        service: DepositService,
+        detection: Detection,
         chain: Chain,
         reader: ChainReader,
         *,
@@ -61,8 +61,8 @@ class ChainWatcher:
         max_range: int = 500,
         start_block: int | None = None,
     ) -> None:
-        self.service = service
-        self.db = service.db
+        self.detection = detection
+        self.db = detection.db
         self.chain = chain
         self.reader = reader
         self.lag_blocks = max(0, lag_blocks)
@@ -128,7 +128,7 @@ class ChainWatcher:
                             chain_id=self.chain_id,
                             next_block=first,
                             head=None,
-                            updated_at=self.service.clock(),
+                            updated_at=self.detection.clock(),
                         )
                     )
             except sa.exc.IntegrityError:
@@ -194,13 +194,13 @@ class ChainWatcher:
                 if not start <= transfer.block_number <= end:
                     continue
                 confirmations = head - transfer.block_number + 1
-                deposit = self.service.record_transfer(
+                deposit = self.detection.record_transfer(
                     session, self.chain_id, transfer, confirmations=confirmations
                 )
                 found += deposit is not None
             cursor.next_block = end + 1
             cursor.head = head
-            cursor.updated_at = self.service.clock()
+            cursor.updated_at = self.detection.clock()
             session.merge(ChainCheckpoint(chain_id=self.chain_id, number=end, hash=tip.hash))
             session.flush()
             self._prune_checkpoints(session)
@@ -253,7 +253,7 @@ class ChainWatcher:
         with self.db.transaction() as session:
             cursor = self._lock_cursor(session)
             cursor.next_block = min(cursor.next_block, fork_from)
-            cursor.updated_at = self.service.clock()
+            cursor.updated_at = self.detection.clock()
             session.execute(
                 sa.delete(ChainCheckpoint).where(
                     ChainCheckpoint.chain_id == self.chain_id,
@@ -271,7 +271,7 @@ class ChainWatcher:
         counts: dict[str, int] = {}
         blocks: dict[int, BlockRef | None] = {}
         confirmed = reorged = 0
-        for deposit in self.service.pending_on_chain(self.chain_id, PENDING_BATCH):
+        for deposit in self.detection.store.pending_on_chain(self.chain_id, PENDING_BATCH):
             number = deposit.block_number
             if number is None:
                 continue
@@ -283,17 +283,19 @@ class ChainWatcher:
             if canonical.hash != deposit.block_hash:
                 # Rescanned on the new branch without finding it again: it vanished.
                 if number < next_block and deposit.block_hash is not None:
-                    reorged += self.service.mark_reorged(deposit.id, deposit.block_hash) is not None
+                    reorged += (
+                        self.detection.mark_reorged(deposit.id, deposit.block_hash) is not None
+                    )
                 continue
             count = head - number + 1
             if count >= deposit.required_confirmations:
-                done = self.service.confirm(
+                done = self.detection.confirm(
                     deposit.id, count, block_hash=canonical.hash, skip_locked=True
                 )
                 confirmed += done is not None
             elif count != deposit.confirmations:
                 counts[deposit.id] = count
-        self.service.set_confirmations(counts)
+        self.detection.set_confirmations(counts)
         return confirmed, reorged
 
 

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.core.context import CoreContext
+from services.core.deposits.detection import Detection
+from services.core.deposits.pricing import StaticPrices
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
-from services.core.deposits.service import DepositService
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
     EvmPayer,
@@ -29,8 +30,10 @@ from services.core.deposits.settlement import (
     SimulatedBridge,
     SimulatedPayer,
 )
+from services.core.deposits.settling import Settling
 from services.core.deposits.watcher import ChainWatcher
-from services.core.evm import Erc20TransferExecutor, Web3ChainReader
+from services.core.evm import Web3ChainReader
+from services.core.hot_wallet import Erc20TransferExecutor
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ MAX_BACKOFF_S = 30.0
 class Pipeline:
     """Everything the worker drives, built once per process."""
 
-    service: DepositService
+    settling: Settling
     sandbox: SandboxConfirmer
     watchers: list[ChainWatcher] = field(default_factory=list)
     settings: PipelineSettings = field(default_factory=PipelineSettings)
@@ -50,24 +53,25 @@ class Pipeline:
 
     def settle_round(self) -> int:
         """One settlement round; how many steps did something (0: idle)."""
-        service, batch = self.service, self.settings.batch_size
+        settling, batch = self.settling, self.settings.batch_size
+        queue = settling.store
         work = self.sandbox.tick()
-        for deposit_id in service.interrupted(batch):
-            work += service.recover(deposit_id) is not None
-        for deposit_id in service.due_for_settlement(batch):
-            work += service.settle(deposit_id) is not None
-        for deposit_id in service.due_for_poll(batch):
-            status = service.poll(deposit_id)
+        for deposit_id in queue.interrupted(settling.stuck_cutoff(), batch):
+            work += settling.recover(deposit_id) is not None
+        for deposit_id in queue.due_for_settlement(settling.clock(), batch):
+            work += settling.settle(deposit_id) is not None
+        for deposit_id in queue.due_for_poll(settling.clock(), batch):
+            status = settling.poll(deposit_id)
             work += status is not None and status != "credit_submitted"
-        if time.monotonic() >= self._health_due and service.settlement.providers:
-            service.settlement.check_health(service.db, service.clock())
+        if time.monotonic() >= self._health_due and settling.settlement.providers:
+            settling.settlement.check_health(settling.db, settling.clock())
             self._health_due = time.monotonic() + self.settings.health_check_s
         return work
 
 
 def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -> Pipeline:
     """Readers, payers and providers from the configuration."""
-    settings = settings or PipelineSettings.from_env()
+    settings = settings or ctx.config.deposits
     registry = ctx.registry
     payers: dict[int, Payer] = {}
     providers: list[RouteProvider] = []
@@ -88,8 +92,10 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
         providers=providers,
         provider_max_failures=settings.provider_max_failures,
     )
-    service = DepositService(ctx.db, registry, settings=settings, settlement=settlement)
-    settlement.seed_inventory(ctx.db, settings.inventory, service.clock())
+    prices = StaticPrices(settings.prices_usd)
+    settling = Settling(ctx.db, registry, settlement, prices, settings)
+    detection = Detection(ctx.db, registry, prices)
+    settlement.seed_inventory(ctx.db, settings.inventory, settling.clock())
     watchers = []
     for chain in registry.active():
         url = ctx.config.rpc_urls.get(chain.chain_id)
@@ -104,7 +110,7 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
         )
         watchers.append(
             ChainWatcher(
-                service,
+                detection,
                 chain,
                 reader,
                 lag_blocks=settings.watcher_lag_blocks,
@@ -112,9 +118,9 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
             )
         )
     sandbox = SandboxConfirmer(
-        service, SandboxChain(settings.sandbox_block_s), batch_size=settings.batch_size
+        detection, SandboxChain(settings.sandbox_block_s), batch_size=settings.batch_size
     )
-    return Pipeline(service=service, sandbox=sandbox, watchers=watchers, settings=settings)
+    return Pipeline(settling=settling, sandbox=sandbox, watchers=watchers, settings=settings)
 
 
 def loop(name: str, step: Callable[[], bool], idle_s: float, stop: threading.Event) -> None:
