@@ -7,6 +7,7 @@ objects and need no cleanup.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,11 @@ from services.core.context import CoreContext
 from shared import components, migrate
 from shared.db import Database
 from shared.identity import service as identity
-from shared.identity.models import SCOPES
+from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
+from shared.identity.models import SCOPES, Member
+from shared.identity.secrets import hash_password
+from shared.ids import new_id
+from shared.timefmt import utcnow
 from tests.support.keys import test_xpub
 from tests.support.services import create_database, drop_database
 
@@ -81,6 +86,39 @@ def client(core_app: Flask) -> FlaskClient:
     return core_app.test_client()
 
 
+#: The password of every member tests make.
+PASSWORD = "correct horse battery staple"
+
+
+@functools.cache
+def _password_hash() -> str:
+    """PASSWORD hashed once per run: argon2 takes about half a second here."""
+    return hash_password(PASSWORD)
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """A member of a tenant with an open portal session (cookie token and CSRF token)."""
+
+    tenant_id: str
+    member_id: str
+    email: str
+    role: str
+    token: str
+    csrf: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The CSRF header unsafe requests of this session carry."""
+        return {CSRF_HEADER: self.csrf}
+
+    def client(self, app: Flask) -> FlaskClient:
+        """A test client of `app` carrying this session's cookie."""
+        client = app.test_client()
+        client.set_cookie(SESSION_COOKIE, self.token, path="/v1")
+        return client
+
+
 @dataclass
 class TenantKeys:
     """A tenant made for one test, with a full-scope API key."""
@@ -99,6 +137,23 @@ class TenantKeys:
         with self.db.transaction() as session:
             issued = identity.create_api_key(session, self.tenant_id, scopes)
         return {"Authorization": f"Bearer {issued.api_key}"}
+
+    def signed_in(self, role: str) -> SignedIn:
+        """A new member of this tenant with `role`, signed in (no password check: fast)."""
+        email = f"{role}-{uuid.uuid4().hex[:12]}@example.com"
+        with self.db.transaction() as session:
+            member = Member(
+                id=new_id("mem"),
+                tenant_id=self.tenant_id,
+                email=email,
+                password_hash=_password_hash(),
+                role=role,
+                created_at=utcnow(),
+            )
+            session.add(member)
+            session.flush()
+            issued = identity.open_session(session, member)
+            return SignedIn(self.tenant_id, member.id, email, role, issued.token, issued.csrf_token)
 
 
 def make_tenant(db: Database, *, sandbox: bool = False) -> TenantKeys:

@@ -453,9 +453,13 @@ def update_destination(
     destination: Destination,
     *,
     api_key_id: str | None,
+    member_id: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Re-point an account and emit `deposit.account.destination_updated`; the document.
+
+    The event names who acted: `apiKeyId` for a key; for a portal member `apiKeyId`
+    is null and `memberId` names the member.
 
     The row is locked first, so of two concurrent changes the second reports the
     first's destination as its prior one. The same destination again is still a
@@ -472,14 +476,12 @@ def update_destination(
     account.dest_set_by_key_id = api_key_id
     account.updated_at = now or utcnow()
     document = account_document(account, registry)
-    outbox.emit(
-        session,
-        events.ACCOUNT_DESTINATION_UPDATED,
-        tenant_id,
-        {
-            "depositAccount": document,
-            "priorDestination": prior.document(),
-            "apiKeyId": api_key_id,
-        },
-    )
+    data: dict[str, Any] = {
+        "depositAccount": document,
+        "priorDestination": prior.document(),
+        "apiKeyId": api_key_id,
+    }
+    if member_id is not None:
+        data["memberId"] = member_id
+    outbox.emit(session, events.ACCOUNT_DESTINATION_UPDATED, tenant_id, data)
     return document

@@ -1,8 +1,11 @@
 """Who is calling: API keys (Bearer) and portal sessions (cookie + CSRF header).
 
-Views declare what they need with `api_key(blp, scope)` or `member(blp, role)`;
-the decorator authenticates, checks, documents the requirement in OpenAPI and puts
-the `Principal` on `flask.g`.
+A tenant route declares its scope with `requires(blp, scope)`: an API key needs that
+scope, a signed-in member the role `SCOPE_ROLES` maps it to. Routes only members reach
+(their own session, `/v1/tenants/{tenantId}/...`) use `member(blp, role)`. The
+decorator authenticates, checks, documents the requirement in OpenAPI and puts the
+`Principal` on `flask.g`. Both services run it against identity's tables, so the
+notifier validates core's session cookie without calling core.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ from shared.api import Blueprint, ErrorSchema
 from shared.db import Database
 from shared.errors import Forbidden, InsufficientScope, NotFound, Unauthorized
 from shared.identity import service
-from shared.identity.models import ROLES, Tenant
+from shared.identity.models import ROLES, SCOPE_ROLES, role_at_least
 from shared.identity.secrets import same_hash, token_hash
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 SESSION_COOKIE = "settle_session"
 CSRF_HEADER = "X-CSRF-Token"
+#: Methods that change nothing, so need no CSRF token.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Extension key under which an app keeps the identity database.
 IDENTITY_DB = "settle.identity_db"
 
@@ -79,41 +84,56 @@ def authenticate_api_key(scope: str | None) -> Principal:
     return principal
 
 
-def authenticate_session(min_role: str, tenant_id: str | None) -> Principal:
+def authenticate_session(min_role: str, tenant_id: str | None = None) -> Principal:
+    """The caller of the session cookie, a member of at least `min_role`.
+
+    Unsafe methods must carry the session's own CSRF token. When `tenant_id` is given
+    (a path parameter) it must be the member's tenant: another tenant's id answers 404
+    exactly as one that does not exist.
+    """
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
         raise Unauthorized("sign in first (POST /v1/sessions)")
-    with identity_db().reader() as session:
-        found = service.find_session(session, token)
-        if found is None:
-            raise Unauthorized("the session has ended; sign in again")
-        record, member = found
-        tenant = session.get(Tenant, record.tenant_id)
-        sandbox = bool(tenant and tenant.sandbox)
-        # Read inside the session: the reader's rollback expires (then detaches) the rows.
-        principal = Principal(
-            tenant_id=record.tenant_id,
-            sandbox=sandbox,
-            member_id=member.id,
-            role=member.role,
-            session_id=record.id,
-        )
-        csrf_hash = record.csrf_hash
-    if request.method not in ("GET", "HEAD", "OPTIONS"):
+    live = service.authenticate_session(identity_db(), token)
+    if live is None:
+        raise Unauthorized("the session has ended; sign in again")
+    if request.method not in SAFE_METHODS:
         csrf = request.headers.get(CSRF_HEADER, "")
-        if not csrf or not same_hash(token_hash(csrf), csrf_hash):
+        if not csrf or not same_hash(token_hash(csrf), live.csrf_hash):
             raise Forbidden(f"send the {CSRF_HEADER} header the session response gave")
-    if tenant_id is not None and tenant_id != principal.tenant_id:
-        # Another tenant's id answers exactly as an id that does not exist.
+    if tenant_id is not None and tenant_id != live.tenant_id:
         raise NotFound("no such tenant")
-    role = principal.role or ""
-    if ROLES.index(role) < ROLES.index(min_role):
-        raise Forbidden(f"this needs the {min_role} role or higher; you are {role}")
-    return principal
+    if not role_at_least(live.role, min_role):
+        raise Forbidden(f"this needs the {min_role} role or higher; you are {live.role}")
+    return Principal(
+        tenant_id=live.tenant_id,
+        sandbox=live.sandbox,
+        member_id=live.member_id,
+        role=live.role,
+        session_id=live.id,
+    )
+
+
+def authenticate(scope: str) -> Principal:
+    """A Bearer API key with `scope`, or else a session whose role implies `scope`.
+
+    A request that sends an Authorization header is judged by it alone: a wrong key
+    is 401 even when a valid session cookie rides along, so a key never borrows a
+    browser's session.
+    """
+    if "Authorization" in request.headers:
+        return authenticate_api_key(scope)
+    if SESSION_COOKIE in request.cookies:
+        return authenticate_session(SCOPE_ROLES[scope])
+    raise Unauthorized("send Authorization: Bearer <API key>, or sign in (POST /v1/sessions)")
 
 
 def _documented(
-    blp: Blueprint, fn: Callable[..., Any], security: str, forbidden: bool, note: str
+    blp: Blueprint,
+    fn: Callable[..., Any],
+    security: tuple[str, ...],
+    forbidden: bool,
+    note: str,
 ) -> Callable[..., Any]:
     """`fn` wrapped with its OpenAPI security, 401/403 and `note` after the docstring's body.
 
@@ -121,24 +141,29 @@ def _documented(
     result must be the function that gets registered.
     """
     body = inspect.cleandoc(fn.__doc__ or "").partition("\n")[2].strip()
-    fn = blp.doc(security=[{security: []}], description=f"{body}\n\n{note}" if body else note)(fn)
+    security_doc = [{scheme: []} for scheme in security]
+    fn = blp.doc(security=security_doc, description=f"{body}\n\n{note}" if body else note)(fn)
     fn = blp.alt_response(401, schema=ErrorSchema, description="Not authenticated")(fn)
     if forbidden:
         fn = blp.alt_response(403, schema=ErrorSchema, description="Not allowed")(fn)
     return fn
 
 
-def api_key(blp: Blueprint, scope: str | None = None) -> Callable[[F], F]:
-    """Require a Bearer API key (with `scope` when given)."""
+def requires(blp: Blueprint, scope: str) -> Callable[[F], F]:
+    """Require an API key with `scope`, or a session of the role `SCOPE_ROLES` maps it to."""
+    min_role = SCOPE_ROLES[scope]
 
     def decorator(fn: F) -> F:
         @wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            g.principal = authenticate_api_key(scope)
+            g.principal = authenticate(scope)
             return fn(*args, **kwargs)
 
-        note = f"Scope: `{scope}`." if scope else "API key."
-        return _documented(blp, wrapper, "apiKey", scope is not None, note)  # type: ignore[return-value]
+        note = (
+            f"Scope: `{scope}`. Or a session of role `{min_role}` or higher; on a session, "
+            f"unsafe methods need the `{CSRF_HEADER}` header."
+        )
+        return _documented(blp, wrapper, ("apiKey", "session"), True, note)  # type: ignore[return-value]
 
     return decorator
 
@@ -166,6 +191,6 @@ def member(
         # 403 is a role below min_role or, on unsafe methods, a missing CSRF token: a
         # viewer's GET meets neither, so its OpenAPI entry does not list 403.
         forbidden = min_role != ROLES[0] or fn.__name__ not in ("get", "head")
-        return _documented(blp, wrapper, "session", forbidden, note)  # type: ignore[return-value]
+        return _documented(blp, wrapper, ("session",), forbidden, note)  # type: ignore[return-value]
 
     return decorator

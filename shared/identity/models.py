@@ -29,6 +29,26 @@ SCOPES: tuple[str, ...] = (
     "sandbox:write",
 )
 
+#: The lowest role whose session may do what a key with each scope may do. A viewer
+#: reads everything of its tenant; a developer also writes (policy, destinations,
+#: endpoints, test sends, replays, recoveries, sandbox deposits).
+SCOPE_ROLES: dict[str, str] = {
+    "destination_policy:read": "viewer",
+    "destination_policy:write": "developer",
+    "deposit_accounts:read": "viewer",
+    "deposit_accounts:write": "developer",
+    "deposits:read": "viewer",
+    "fees:read": "viewer",
+    "webhooks:read": "viewer",
+    "webhooks:write": "developer",
+    "sandbox:write": "developer",
+}
+
+
+def role_at_least(role: str, minimum: str) -> bool:
+    """Whether `role` is `minimum` or higher (an unknown role is nothing)."""
+    return role in ROLES and ROLES.index(role) >= ROLES.index(minimum)
+
 
 class IdentityBase(DeclarativeBase):
     pass

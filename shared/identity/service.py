@@ -175,6 +175,11 @@ def sign_in(
     ).scalar_one_or_none()
     if not check_password(member.password_hash if member else None, password) or member is None:
         raise Unauthorized("email or password is wrong")
+    return open_session(session, member, now=now)
+
+
+def open_session(session: Session, member: Member, *, now: datetime | None = None) -> IssuedSession:
+    """A new session for `member`, who has proven who they are."""
     now = now or utcnow()
     token, csrf = new_session_token(), new_csrf_token()
     record = PortalSession(
@@ -191,9 +196,60 @@ def sign_in(
     return IssuedSession(token, csrf, record, member)
 
 
+@dataclass(frozen=True)
+class LiveSession:
+    """What a request needs of a live portal session: its member, role and tenant."""
+
+    id: str
+    tenant_id: str
+    sandbox: bool
+    member_id: str
+    role: str
+    csrf_hash: str
+
+
+#: The session, its member and its tenant in one statement: one round trip per request.
+_LIVE_SESSION = (
+    sa.select(
+        PortalSession.id,
+        PortalSession.tenant_id,
+        Tenant.sandbox,
+        Member.id,
+        Member.role,
+        PortalSession.csrf_hash,
+    )
+    .join(Member, Member.id == PortalSession.member_id)
+    .join(Tenant, Tenant.id == PortalSession.tenant_id)
+    .where(
+        PortalSession.token_hash == sa.bindparam("token_hash"),
+        PortalSession.revoked_at.is_(None),
+        PortalSession.expires_at > sa.bindparam("now"),
+    )
+)
+
+
+def authenticate_session(db: Database, token: str) -> LiveSession | None:
+    """The live (unrevoked, unexpired) session of a cookie token, read on every request.
+
+    Read-only, so the notifier can run it on its read-only view of identity. No cache:
+    signing out, a role change or a removal applies to the next request.
+    """
+    if not _could_be_session(token):
+        return None
+    with db.autocommit() as conn:
+        row = conn.execute(
+            _LIVE_SESSION, {"token_hash": token_hash(token), "now": utcnow()}
+        ).first()
+    return None if row is None else LiveSession(*row)
+
+
+def _could_be_session(token: str) -> bool:
+    return token.startswith("sst_") and len(token) <= 200
+
+
 def find_session(session: Session, token: str) -> tuple[PortalSession, Member] | None:
     """The live session for a cookie token, with its member."""
-    if not token.startswith("sst_") or len(token) > 200:
+    if not _could_be_session(token):
         return None
     row = session.execute(
         sa.select(PortalSession, Member)

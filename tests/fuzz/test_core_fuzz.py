@@ -72,6 +72,23 @@ def test_core_with_a_full_scope_key_and_an_owner_session(
     _run(request, core_app, variant)
 
 
+def test_core_with_an_owner_session_alone(
+    request: pytest.FixtureRequest, core_app: Flask, pg_db: Database
+) -> None:
+    # Given a fresh sandbox tenant with an account and a deposit, and its owner signed
+    # in (cookie and CSRF token, no API key)
+    tenant = make_tenant(pg_db, sandbox=True)
+    _seed(core_app, tenant)
+    variant = harness.Variant(
+        "owner session",
+        harness.session_credentials(pg_db, tenant),
+        max_examples=harness.max_examples(30),
+        parameters={"tenantId": tenant.tenant_id},
+    )
+    # When schemathesis fuzzes every operation by session, Then no check fails
+    _run(request, core_app, variant)
+
+
 @pytest.mark.parametrize("credentials", ["none", "bad"])
 def test_core_without_a_valid_key(
     request: pytest.FixtureRequest, core_app: Flask, credentials: str

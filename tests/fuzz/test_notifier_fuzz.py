@@ -37,6 +37,19 @@ def test_notifier_with_a_full_scope_key(
     _run(request, notifier_fuzz_app, variant)
 
 
+def test_notifier_with_an_owner_session_alone(
+    request: pytest.FixtureRequest, notifier_fuzz_app: Flask, pg_db: Database
+) -> None:
+    # Given a fresh tenant's owner signed in (cookie and CSRF token, no API key): the
+    # session core issued, which the notifier checks against identity itself
+    tenant = make_tenant(pg_db)
+    variant = harness.Variant(
+        "owner session", harness.session_credentials(pg_db, tenant), harness.max_examples(30)
+    )
+    # When schemathesis fuzzes every operation by session, Then no check fails
+    _run(request, notifier_fuzz_app, variant)
+
+
 @pytest.mark.parametrize("credentials", ["none", "bad"])
 def test_notifier_without_a_valid_key(
     request: pytest.FixtureRequest, notifier_fuzz_app: Flask, credentials: str

@@ -17,7 +17,7 @@ from services.core.models import OutboxEvent
 from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER
-from tests.conftest import TenantKeys, make_tenant
+from tests.conftest import PASSWORD, TenantKeys, make_tenant
 
 #: Canonical token contracts of chains.toml.
 USDC_ETH = "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48"
@@ -35,8 +35,6 @@ WALLET_3 = "0xdbF03B407c01E7cD3CBea99509d93f8DDDC8C6FB"
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 #: Chains the interface names as declared-but-inactive and as unknown.
 NOT_ACTIVE_CHAINS = (42161, 999_999)
-
-PASSWORD = "correct horse battery staple"
 
 
 def destination(

@@ -426,6 +426,31 @@ def test_destination_change_emits_prior_destination_and_key(
     assert _account_row(pg_db, account["id"]).dest_set_by_key_id == tenant.api_key_id
 
 
+def test_a_members_change_names_the_member_not_a_key(
+    core_app: Flask, policy_tenant: TenantKeys, pg_db: Database
+) -> None:
+    # Given an account, and a developer of its tenant signed in to the portal
+    tenant = policy_tenant
+    account = create_account(core_app.test_client(), tenant)
+    member = tenant.signed_in("developer")
+    client = member.client(core_app)
+
+    # When the member changes the destination with the session (no API key)
+    response = client.patch(
+        f"{PATH}/{account['externalUserId']}/destination",
+        json={"destination": destination(1, WALLET_2, USDC_ETH)},
+        headers=member.headers,
+    )
+
+    # Then the event says no key made it and which member did
+    assert response.status_code == 200, response.get_json()
+    events = outbox_events(pg_db, tenant.tenant_id, UPDATED)
+    assert [e["data"]["apiKeyId"] for e in events] == [None]
+    assert events[0]["data"]["memberId"] == member.member_id
+    assert events[0]["data"]["priorDestination"] == account["destination"]
+    assert _account_row(pg_db, account["id"]).dest_set_by_key_id is None
+
+
 def test_concurrent_changes_report_each_others_prior_destination(
     core_app: Flask, policy_tenant: TenantKeys, pg_db: Database
 ) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 import schemathesis
 
+from shared.identity.models import SCOPE_ROLES
+
 pytestmark = pytest.mark.integration
 
 #: (method, path, scope or "session" or None, has a request body)
@@ -62,9 +64,11 @@ def test_each_route_documents_auth_body_and_errors(
         # 403 is a low role or a missing CSRF token: a viewer's GET meets neither.
         assert ("403" in responses) == (method != "get")
     else:
-        assert operation["security"] == [{"apiKey": []}]
+        # An API key with the scope, or a session of the role the scope maps to
+        assert operation["security"] == [{"apiKey": []}, {"session": []}]
         assert {"401", "403"} <= set(responses)
         assert f"Scope: `{auth}`." in operation["description"]
+        assert f"session of role `{SCOPE_ROLES[auth]}` or higher" in operation["description"]
 
 
 def test_documented_error_codes(spec: dict[str, Any]) -> None:

@@ -5,14 +5,16 @@ new route fails `test_every_route_is_classified` until someone decides its auth,
 scope and isolation here. For each route:
 
 - without credentials: 401 unauthorized (public routes excepted);
-- an API-key route: a key with every scope but the route's is 403
-  insufficient_scope, a key with only that scope passes; a session cookie alone is
-  401;
-- a session route: an API key alone is 401; a member of another tenant gets 404
-  for that tenant's id;
-- tenant B with a full-scope key asks for tenant A's objects (policy, account,
-  deposit, webhook endpoint, delivery): 404 for ids, empty lists, its own
-  singleton; and A's objects are exactly as they were afterwards.
+- a tenant route (API key or session): a key with every scope but the route's is
+  403 insufficient_scope, a key with only that scope passes;
+- every route a member reaches: a session of each role below the route's is 403
+  forbidden, one at or above passes; an unsafe request without the session's own
+  CSRF token is 403;
+- a members-only route: an API key alone is 401; a member of another tenant gets
+  404 for that tenant's id;
+- tenant B, with a full-scope key and with its owner's session, asks for tenant A's
+  objects (policy, account, deposit, webhook endpoint, delivery): 404 for ids, empty
+  lists, its own singleton; and A's objects are exactly as they were afterwards.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
@@ -33,7 +36,8 @@ from services.notifier.context import NotifierContext
 from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
-from shared.identity.models import SCOPES
+from shared.identity.models import ROLES, SCOPES, Member, PortalSession
+from shared.identity.secrets import token_hash
 from shared.timefmt import iso_ms, utcnow
 from tests.conftest import TenantKeys, make_tenant
 from tests.integration.conftest import (
@@ -65,7 +69,7 @@ class Route:
     "none" (no tenant objects: fee quotes, B's own session).
     """
 
-    auth: str  # "public", "key" or "session"
+    auth: str  # "public", "tenant" (an API key or a session) or "session" (members only)
     url: str
     scope: str | None = None
     min_role: str | None = None
@@ -85,51 +89,67 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "POST", "/v1/sessions"): Route("public", "/v1/sessions", body={}),
     # Ops scrape /metrics on the service port; the ingress does not route it.
     (CORE, "GET", "/metrics"): Route("public", "/metrics"),
-    # -- core: API key
+    # -- core: API key or session
     (CORE, "GET", "/v1/destination-policy"): Route(
-        "key", "/v1/destination-policy", "destination_policy:read", isolation="own"
+        "tenant", "/v1/destination-policy", "destination_policy:read", "viewer", isolation="own"
     ),
     (CORE, "PUT", "/v1/destination-policy"): Route(
-        "key",
+        "tenant",
         "/v1/destination-policy",
         "destination_policy:write",
+        "developer",
         body={"destination": NEW_DESTINATION},
         isolation="own",
     ),
     (CORE, "GET", "/v1/deposit-accounts"): Route(
-        "key", "/v1/deposit-accounts", "deposit_accounts:read", isolation="empty:depositAccounts"
+        "tenant",
+        "/v1/deposit-accounts",
+        "deposit_accounts:read",
+        "viewer",
+        isolation="empty:depositAccounts",
     ),
     (CORE, "POST", "/v1/deposit-accounts"): Route(
-        "key",
+        "tenant",
         "/v1/deposit-accounts",
         "deposit_accounts:write",
+        "developer",
         # A's externalUserId: B gets an account of its own, never account_exists.
         body={"externalUserId": "{account}", "destination": NEW_DESTINATION},
         isolation="own",
     ),
     (CORE, "GET", "/v1/deposit-accounts/<path:externalUserId>"): Route(
-        "key", "/v1/deposit-accounts/{account}", "deposit_accounts:read", isolation="not_found"
+        "tenant",
+        "/v1/deposit-accounts/{account}",
+        "deposit_accounts:read",
+        "viewer",
+        isolation="not_found",
     ),
     (CORE, "PATCH", "/v1/deposit-accounts/<path:externalUserId>/destination"): Route(
-        "key",
+        "tenant",
         "/v1/deposit-accounts/{account}/destination",
         "deposit_accounts:write",
+        "developer",
         body={"destination": NEW_DESTINATION},
         isolation="not_found",
     ),
     (CORE, "POST", "/v1/fee-preview"): Route(
-        "key", "/v1/fee-preview", "fees:read", body={"amount": "100"}
+        "tenant", "/v1/fee-preview", "fees:read", "viewer", body={"amount": "100"}
     ),
     (CORE, "GET", "/v1/deposits"): Route(
-        "key", "/v1/deposits?externalUserId={account}", "deposits:read", isolation="empty:deposits"
+        "tenant",
+        "/v1/deposits?externalUserId={account}",
+        "deposits:read",
+        "viewer",
+        isolation="empty:deposits",
     ),
     (CORE, "GET", "/v1/deposits/<string:depositId>"): Route(
-        "key", "/v1/deposits/{deposit}", "deposits:read", isolation="not_found"
+        "tenant", "/v1/deposits/{deposit}", "deposits:read", "viewer", isolation="not_found"
     ),
     (CORE, "POST", "/v1/sandbox/deposits"): Route(
-        "key",
+        "tenant",
         "/v1/sandbox/deposits",
         "sandbox:write",
+        "developer",
         # A's deposit address: not B's, so 404.
         body={
             "depositAddress": "{address}",
@@ -159,65 +179,95 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (NOTIFIER, "GET", "/v1/notifier/openapi.json"): Route("public", "/v1/notifier/openapi.json"),
     (NOTIFIER, "GET", "/v1/notifier/status"): Route("public", "/v1/notifier/status"),
     (NOTIFIER, "GET", "/metrics"): Route("public", "/metrics"),
-    # -- notifier: API key
+    # -- notifier: API key or session
     (NOTIFIER, "GET", "/v1/webhook-endpoints"): Route(
-        "key", "/v1/webhook-endpoints", "webhooks:read", isolation="empty:webhookEndpoints"
+        "tenant",
+        "/v1/webhook-endpoints",
+        "webhooks:read",
+        "viewer",
+        isolation="empty:webhookEndpoints",
     ),
     (NOTIFIER, "POST", "/v1/webhook-endpoints"): Route(
-        "key", "/v1/webhook-endpoints", "webhooks:write", body=HOOK, isolation="own"
+        "tenant", "/v1/webhook-endpoints", "webhooks:write", "developer", body=HOOK, isolation="own"
     ),
     (NOTIFIER, "GET", "/v1/webhook-endpoints/<endpointId>"): Route(
-        "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:read", isolation="not_found"
+        "tenant",
+        "/v1/webhook-endpoints/{endpoint}",
+        "webhooks:read",
+        "viewer",
+        isolation="not_found",
     ),
     (NOTIFIER, "PATCH", "/v1/webhook-endpoints/<endpointId>"): Route(
-        "key",
+        "tenant",
         "/v1/webhook-endpoints/{endpoint}",
         "webhooks:write",
+        "developer",
         body={"status": "disabled"},
         isolation="not_found",
     ),
     (NOTIFIER, "DELETE", "/v1/webhook-endpoints/<endpointId>"): Route(
-        "key", "/v1/webhook-endpoints/{endpoint}", "webhooks:write", isolation="not_found"
+        "tenant",
+        "/v1/webhook-endpoints/{endpoint}",
+        "webhooks:write",
+        "developer",
+        isolation="not_found",
     ),
     (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/rotate-secret"): Route(
-        "key",
+        "tenant",
         "/v1/webhook-endpoints/{endpoint}/rotate-secret",
         "webhooks:write",
+        "developer",
         body={},
         isolation="not_found",
     ),
     (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/test"): Route(
-        "key", "/v1/webhook-endpoints/{endpoint}/test", "webhooks:write", isolation="not_found"
+        "tenant",
+        "/v1/webhook-endpoints/{endpoint}/test",
+        "webhooks:write",
+        "developer",
+        isolation="not_found",
     ),
     (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/recover"): Route(
-        "key",
+        "tenant",
         "/v1/webhook-endpoints/{endpoint}/recover",
         "webhooks:write",
+        "developer",
         body={"since": "{recent}"},
         isolation="not_found",
     ),
     (NOTIFIER, "GET", "/v1/webhook-deliveries"): Route(
-        "key",
+        "tenant",
         "/v1/webhook-deliveries?endpointId={endpoint}",
         "webhooks:read",
+        "viewer",
         isolation="empty:webhookDeliveries",
     ),
     (NOTIFIER, "GET", "/v1/webhook-deliveries/<deliveryId>"): Route(
-        "key", "/v1/webhook-deliveries/{delivery}", "webhooks:read", isolation="not_found"
+        "tenant",
+        "/v1/webhook-deliveries/{delivery}",
+        "webhooks:read",
+        "viewer",
+        isolation="not_found",
     ),
     (NOTIFIER, "POST", "/v1/webhook-deliveries/<deliveryId>/replay"): Route(
-        "key",
+        "tenant",
         "/v1/webhook-deliveries/{delivery}/replay",
         "webhooks:write",
+        "developer",
         isolation="not_found",
     ),
 }
 
-KEY_ROUTES = [key for key, route in ROUTES.items() if route.auth == "key"]
+#: Routes that take an API key with their scope, or a session of their role.
+TENANT_ROUTES = [key for key, route in ROUTES.items() if route.auth == "tenant"]
+#: Routes only a signed-in member reaches.
 SESSION_ROUTES = [key for key, route in ROUTES.items() if route.auth == "session"]
 PUBLIC_ROUTES = [key for key, route in ROUTES.items() if route.auth == "public"]
 #: Session routes that take the tenant id in the path.
-TENANT_ROUTES = [key for key in SESSION_ROUTES if "<tenantId>" in key[2]]
+PATH_TENANT_ROUTES = [key for key in SESSION_ROUTES if "<tenantId>" in key[2]]
+#: Every route a signed-in member reaches.
+MEMBER_ROUTES = TENANT_ROUTES + SESSION_ROUTES
+UNSAFE_MEMBER_ROUTES = [key for key in MEMBER_ROUTES if key[1] != "GET"]
 
 
 def _id(key: tuple[str, str, str]) -> str:
@@ -318,10 +368,12 @@ def send(
     key: tuple[str, str, str],
     world: World,
     headers: dict[str, str] | None = None,
+    *,
+    tenant: str | None = None,
 ) -> TestResponse:
-    """The route's request, filled with A's objects."""
+    """The route's request, filled with A's objects (and `tenant` in the path, if given)."""
     route = ROUTES[key]
-    url = route.url.format(**world.values)
+    url = route.url.format(**{**world.values, "tenant": tenant or world.values["tenant"]})
     body = None
     if route.body is not None:
         body = {
@@ -374,9 +426,12 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
     # Then the table names exactly these routes (a new one must be classified here)
     assert served - set(ROUTES) == set(), "routes missing from ROUTES"
     assert set(ROUTES) - served == set(), "ROUTES names routes the apps do not serve"
-    # And every API-key route names a known scope; the public ones are the agreed few
-    for key in KEY_ROUTES:
+    # And every tenant route names a known scope and the role a session needs for it;
+    # the public ones are the agreed few
+    for key in TENANT_ROUTES:
         assert ROUTES[key].scope in SCOPES, key
+    for key in MEMBER_ROUTES:
+        assert ROUTES[key].min_role in ROLES, key
     assert {(method, rule) for _, method, rule in PUBLIC_ROUTES} == {
         ("GET", "/v1/chains"),
         ("GET", "/v1/status"),
@@ -388,10 +443,19 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
     }
 
 
+def test_roles_follow_design(core_app: Flask) -> None:
+    # The roles of DESIGN.md: a viewer reads everything; a developer also writes
+    # (policy, destinations, endpoints, tests, replays, recoveries, sandbox deposits)
+    for key in TENANT_ROUTES:
+        route = ROUTES[key]
+        expected = "viewer" if str(route.scope).endswith(":read") else "developer"
+        assert route.min_role == expected, key
+
+
 # -- authentication and scopes ------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", KEY_ROUTES + SESSION_ROUTES, ids=_id)
+@pytest.mark.parametrize("key", MEMBER_ROUTES, ids=_id)
 def test_without_credentials_a_private_route_is_401(
     key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
 ) -> None:
@@ -412,7 +476,7 @@ def test_a_public_route_needs_no_credentials(
     assert response.status_code == expected, response.get_json()
 
 
-@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
+@pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)
 def test_a_key_without_the_routes_scope_is_403_and_with_it_passes(
     key: tuple[str, str, str],
     core_app: Flask,
@@ -432,53 +496,164 @@ def test_a_key_without_the_routes_scope_is_403_and_with_it_passes(
     assert send(client, key, world, only).status_code not in (401, 403)
 
 
-@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
-def test_a_session_cookie_alone_does_not_open_an_api_key_route(
-    key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
-) -> None:
-    # Given a signed-in owner of tenant A (cookie and CSRF token, no API key)
-    client = client_for(key, core_app, notifier_app)
-    signed_in = core_app.test_client()
-    csrf = sign_in(signed_in, world.emails["a"])
-    cookie = signed_in.get_cookie(SESSION_COOKIE, path="/v1")
-    assert cookie is not None
-    client.set_cookie(SESSION_COOKIE, cookie.value, path="/v1")
-    # When it calls an API-key route, Then 401
-    assert_error(send(client, key, world, csrf), 401, "unauthorized")
-
-
 @pytest.mark.parametrize("key", SESSION_ROUTES, ids=_id)
 def test_an_api_key_alone_does_not_open_a_session_route(
     key: tuple[str, str, str], core_app: Flask, notifier_app: Flask, world: World
 ) -> None:
-    # When tenant A's full-scope key calls a portal route, Then 401
+    # When tenant A's full-scope key calls a route only members reach, Then 401
     response = send(client_for(key, core_app, notifier_app), key, world, world.a.headers)
     assert_error(response, 401, "unauthorized")
 
 
-def test_roles_and_csrf_guard_the_session_routes(core_app: Flask, world: World) -> None:
-    # Given A's viewer, signed in
-    viewer = core_app.test_client()
-    csrf = sign_in(viewer, world.emails["a_viewer"])
-    for key in SESSION_ROUTES:
-        route = ROUTES[key]
-        # When the viewer calls a route that needs a higher role, Then 403 forbidden
-        if route.min_role != "viewer":
-            assert_error(send(viewer, key, world, csrf), 403, "forbidden")
-    # And an unsafe request without the CSRF header is 403 forbidden, even for the owner
-    owner = core_app.test_client()
-    sign_in(owner, world.emails["a"])
-    for key in SESSION_ROUTES:
-        if key[1] != "GET":
-            assert_error(send(owner, key, world), 403, "forbidden")
+# -- sessions: roles and CSRF -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tenant_c(pg_db: Database) -> TenantKeys:
+    """Tenant C: its members of each role try every route (on A's ids: 404 when allowed)."""
+    return make_tenant(pg_db, sandbox=True)
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("key", MEMBER_ROUTES, ids=_id)
+def test_a_session_of_each_role_is_allowed_or_refused(
+    key: tuple[str, str, str],
+    role: str,
+    core_app: Flask,
+    notifier_app: Flask,
+    world: World,
+    tenant_c: TenantKeys,
+) -> None:
+    route = ROUTES[key]
+    app = core_app if key[0] == CORE else notifier_app
+    # Given a signed-in member of tenant C with `role` (C's own tenant id in the path)
+    member = tenant_c.signed_in(role)
+    client = member.client(app)
+    # When the member calls the route with the session's CSRF token
+    response = send(client, key, world, member.headers, tenant=tenant_c.tenant_id)
+    # Then a role at or above the route's passes authorization; a lower one is 403
+    if ROLES.index(role) >= ROLES.index(str(route.min_role)):
+        assert response.status_code not in (401, 403), response.get_json()
+    else:
+        body = assert_error(response, 403, "forbidden")
+        assert f"{route.min_role} role" in body["error"], body
+
+
+@pytest.mark.parametrize("key", UNSAFE_MEMBER_ROUTES, ids=_id)
+def test_an_unsafe_session_request_needs_its_own_csrf_token(
+    key: tuple[str, str, str],
+    core_app: Flask,
+    notifier_app: Flask,
+    world: World,
+    tenant_c: TenantKeys,
+) -> None:
+    app = core_app if key[0] == CORE else notifier_app
+    # Given C's owner, signed in, and another session of C (its token is no stand-in)
+    owner, other = tenant_c.signed_in("owner"), tenant_c.signed_in("owner")
+    client = owner.client(app)
+    for headers in ({}, {CSRF_HEADER: ""}, {CSRF_HEADER: "csrf_forged"}, other.headers):
+        # When an unsafe request carries no token, a forged one or another session's
+        response = send(client, key, world, headers, tenant=tenant_c.tenant_id)
+        # Then 403 forbidden, before anything is read or written
+        assert_error(response, 403, "forbidden")
+    # And the session itself still works (the refusals did not end it)
+    assert owner.client(core_app).get("/v1/sessions/current").status_code == 200
+
+
+def test_the_notifier_takes_the_session_core_signed_in(
+    core_app: Flask, notifier_app: Flask, world: World
+) -> None:
+    # Given A's viewer signs in through core's sign-in route (a password, a cookie)
+    signed = core_app.test_client()
+    csrf = sign_in(signed, world.emails["a_viewer"])
+    cookie = signed.get_cookie(SESSION_COOKIE, path="/v1")
+    assert cookie is not None and cookie.path == "/v1"
+    # When the notifier (another app: it reads identity, it never calls core) gets it
+    notifier = notifier_app.test_client()
+    notifier.set_cookie(SESSION_COOKIE, cookie.value, path="/v1")
+    listed = ok(notifier.get(f"/v1/webhook-deliveries?endpointId={world.values['endpoint']}"))
+    # Then it lists A's deliveries
+    assert [d["id"] for d in listed["webhookDeliveries"]] == [world.values["delivery"]]
+    # And once the member signs out through core, the notifier refuses the same cookie
+    assert signed.delete("/v1/sessions/current", headers=csrf).status_code == 204
+    assert_error(notifier.get("/v1/webhook-endpoints"), 401, "unauthorized")
+
+
+def test_a_signed_out_or_expired_session_opens_nothing(
+    core_app: Flask, notifier_app: Flask, pg_db: Database, tenant_c: TenantKeys
+) -> None:
+    # Given two signed-in developers of C
+    gone, expired = tenant_c.signed_in("developer"), tenant_c.signed_in("developer")
+    core, notifier = gone.client(core_app), gone.client(notifier_app)
+    assert notifier.get("/v1/webhook-endpoints").status_code == 200
+    # When one signs out and the other's session passes its expiry
+    assert core.delete("/v1/sessions/current", headers=gone.headers).status_code == 204
+    with pg_db.transaction() as session:
+        session.execute(
+            sa.update(PortalSession)
+            .where(PortalSession.token_hash == token_hash(expired.token))
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+    # Then neither opens a route of either service, with or without its CSRF token
+    for member in (gone, expired):
+        for app, url in (
+            (core_app, "/v1/deposit-accounts"),
+            (notifier_app, "/v1/webhook-endpoints"),
+        ):
+            client = member.client(app)
+            assert_error(client.get(url), 401, "unauthorized")
+            assert_error(client.post(url, json={}, headers=member.headers), 401, "unauthorized")
+
+
+def test_a_role_change_applies_to_the_next_request(
+    core_app: Flask, notifier_app: Flask, pg_db: Database, tenant_c: TenantKeys
+) -> None:
+    # Given a signed-in developer of C who can register endpoints
+    member = tenant_c.signed_in("developer")
+    client = member.client(notifier_app)
+    hook = {"name": "C's hook", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
+    ok(client.post("/v1/webhook-endpoints", json=hook, headers=member.headers))
+    # When the member is made a viewer
+    with pg_db.transaction() as session:
+        session.execute(
+            sa.update(Member).where(Member.id == member.member_id).values(role="viewer")
+        )
+    # Then the same session is refused the write on its next request, and still reads
+    assert_error(
+        client.post("/v1/webhook-endpoints", json=hook, headers=member.headers), 403, "forbidden"
+    )
+    assert client.get("/v1/webhook-endpoints").status_code == 200
+
+
+def test_a_key_decides_whatever_cookie_rides_along(
+    core_app: Flask, notifier_app: Flask, world: World, tenant_b: TenantKeys
+) -> None:
+    # Given A's owner's session cookie on the client
+    signed = core_app.test_client()
+    csrf = sign_in(signed, world.emails["a"])
+    cookie = signed.get_cookie(SESSION_COOKIE, path="/v1")
+    assert cookie is not None
+    notifier = notifier_app.test_client()
+    notifier.set_cookie(SESSION_COOKIE, cookie.value, path="/v1")
+    endpoint = f"/v1/webhook-endpoints/{world.values['endpoint']}"
+    # When the request also carries B's key, Then it is B's request: A's endpoint is 404
+    assert_error(notifier.get(endpoint, headers=tenant_b.headers), 404, "not_found")
+    # And an unknown or malformed key is 401, never a fall-back to the cookie
+    for header in ("Bearer sk_unknown", "Bearer ", "Basic abc", "sk_nobearer"):
+        response = notifier.get(endpoint, headers={"Authorization": header, **csrf})
+        assert_error(response, 401, "unauthorized")
+    # And the cookie alone is A's owner's
+    assert notifier.get(endpoint).status_code == 200
 
 
 # -- isolation ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", KEY_ROUTES, ids=_id)
+@pytest.mark.parametrize("credential", ["key", "session"])
+@pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)
 def test_tenant_b_never_reaches_tenant_a_objects(
     key: tuple[str, str, str],
+    credential: str,
     core_app: Flask,
     notifier_app: Flask,
     world: World,
@@ -486,8 +661,14 @@ def test_tenant_b_never_reaches_tenant_a_objects(
 ) -> None:
     route = ROUTES[key]
     before = snapshot(core_app, notifier_app, world)
-    # When tenant B, with a full-scope key, asks the route about A's objects
-    response = send(client_for(key, core_app, notifier_app), key, world, tenant_b.headers)
+    client = client_for(key, core_app, notifier_app)
+    headers = tenant_b.headers
+    if credential == "session":
+        # B's owner, signed in, instead of B's full-scope key
+        owner = tenant_b.signed_in("owner")
+        client, headers = owner.client(client.application), owner.headers
+    # When tenant B asks the route about A's objects
+    response = send(client, key, world, headers)
     # Then A's ids answer exactly as ids that do not exist, and lists show nothing of A
     if route.isolation == "not_found":
         assert_error(response, 404, "not_found")
@@ -509,7 +690,7 @@ def test_tenant_b_never_reaches_tenant_a_objects(
     assert snapshot(core_app, notifier_app, world) == before
 
 
-@pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)
+@pytest.mark.parametrize("key", PATH_TENANT_ROUTES, ids=_id)
 def test_a_member_of_b_reaches_nothing_of_a(
     key: tuple[str, str, str], core_app: Flask, world: World
 ) -> None:

@@ -908,7 +908,7 @@ def test_status_and_openapi_are_public_and_complete(notifier_client: FlaskClient
             assert declared == [], path
     for (method, path), scope in expected.items():
         operation = paths[path][method]
-        assert operation["security"] == [{"apiKey": []}], path
+        assert operation["security"] == [{"apiKey": []}, {"session": []}], path
         assert f"`{scope}`" in operation["description"], path
         assert {"401", "403"} <= set(operation["responses"]), path
     schemas = spec.get_json()["components"]["schemas"]

@@ -77,7 +77,7 @@ def _before_pk(cursor: str | None) -> int | None:
 
 @blp.route("/deposit-accounts")
 class DepositAccounts(MethodView):
-    @auth.api_key(blp, "deposit_accounts:read")
+    @auth.requires(blp, "deposit_accounts:read")
     @blp.arguments(ListArgs, location="query")
     @blp.response(200, AccountListSchema)
     @_error(400)
@@ -96,7 +96,7 @@ class DepositAccounts(MethodView):
         cursor = None if page.next_before_pk is None else encode_cursor({"pk": page.next_before_pk})
         return json_response({"depositAccounts": list(page.accounts), "nextCursor": cursor})
 
-    @auth.api_key(blp, "deposit_accounts:write")
+    @auth.requires(blp, "deposit_accounts:write")
     @idempotent(IdempotencyRecord)
     @blp.arguments(CreateAccountSchema)
     @blp.response(200, DepositAccountEnvelopeSchema)
@@ -132,7 +132,7 @@ class DepositAccounts(MethodView):
 
 @blp.route("/deposit-accounts/<path:externalUserId>")
 class DepositAccount(MethodView):
-    @auth.api_key(blp, "deposit_accounts:read")
+    @auth.requires(blp, "deposit_accounts:read")
     @blp.response(200, DepositAccountEnvelopeSchema)
     @_error(404)
     def get(self, externalUserId: str) -> Response:
@@ -147,7 +147,7 @@ class DepositAccount(MethodView):
 
 @blp.route("/deposit-accounts/<path:externalUserId>/destination")
 class DepositAccountDestination(MethodView):
-    @auth.api_key(blp, "deposit_accounts:write")
+    @auth.requires(blp, "deposit_accounts:write")
     @blp.arguments(DestinationChangeSchema)
     @blp.response(200, DepositAccountEnvelopeSchema)
     @_error(400)
@@ -157,7 +157,8 @@ class DepositAccountDestination(MethodView):
         """Change an account's settlement destination.
 
         Emits deposit.account.destination_updated with the prior destination and the
-        id of the API key that made the change.
+        id of the API key that made the change (null, with `memberId`, for a portal
+        member).
         """
         ctx = core()
         principal = auth.current_principal()
@@ -169,5 +170,6 @@ class DepositAccountDestination(MethodView):
                 externalUserId,
                 args["destination"],
                 api_key_id=principal.api_key_id,
+                member_id=principal.member_id,
             )
         return json_response({"depositAccount": document})

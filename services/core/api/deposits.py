@@ -46,7 +46,7 @@ class DepositListArgs(ListArgs):
 
 @blp.route("/deposits")
 class Deposits(MethodView):
-    @auth.api_key(blp, "deposits:read")
+    @auth.requires(blp, "deposits:read")
     @blp.arguments(DepositListArgs, location="query")
     @blp.response(200, DepositListSchema)
     @blp.alt_response(400, schema=ErrorSchema, description="invalid_request (names the field)")
@@ -67,7 +67,7 @@ class Deposits(MethodView):
 
 @blp.route("/deposits/<string:depositId>")
 class Deposit(MethodView):
-    @auth.api_key(blp, "deposits:read")
+    @auth.requires(blp, "deposits:read")
     @blp.response(200, DepositEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="not_found (also another tenant's)")
     def get(self, depositId: str) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class QuotesSchema(Schema):
 
 @blp.route("/fee-preview")
 class FeePreview(MethodView):
-    @auth.api_key(blp, "fees:read")
+    @auth.requires(blp, "fees:read")
     @idempotent(IdempotencyRecord)
     @blp.arguments(FeePreviewInSchema)
     @blp.response(200, QuotesSchema)

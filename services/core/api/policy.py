@@ -79,13 +79,13 @@ def _errors(fn: Any) -> Any:
 
 @blp.route("/destination-policy")
 class DestinationPolicy(MethodView):
-    @auth.api_key(blp, "destination_policy:read")
+    @auth.requires(blp, "destination_policy:read")
     @blp.response(200, PolicyEnvelopeSchema)
     def get(self) -> Response:
         """Read the destination policy (null when none is configured)."""
         return _read(auth.current_principal().tenant_id)
 
-    @auth.api_key(blp, "destination_policy:write")
+    @auth.requires(blp, "destination_policy:write")
     @blp.arguments(PolicyInSchema)
     @blp.response(200, PolicyEnvelopeSchema)
     @_errors

@@ -64,7 +64,7 @@ class SandboxDepositSchema(Schema):
 
 @blp.route("/sandbox/deposits")
 class SandboxDeposits(MethodView):
-    @auth.api_key(blp, "sandbox:write")
+    @auth.requires(blp, "sandbox:write")
     @idempotent(IdempotencyRecord)
     @blp.arguments(SandboxDepositSchema)
     @blp.response(200, DepositEnvelopeSchema)

@@ -37,7 +37,7 @@ blp = Blueprint(
 
 @blp.route("/webhook-deliveries")
 class WebhookDeliveries(MethodView):
-    @auth.api_key(blp, READ)
+    @auth.requires(blp, READ)
     # Unknown parameters are refused: a misspelt filter would silently list everything.
     @blp.arguments(DeliveryListArgs, location="query", unknown=ma.RAISE)
     @blp.response(200, DeliveryListSchema)
@@ -66,7 +66,7 @@ class WebhookDeliveries(MethodView):
 
 @blp.route("/webhook-deliveries/<deliveryId>")
 class WebhookDelivery(MethodView):
-    @auth.api_key(blp, READ)
+    @auth.requires(blp, READ)
     @blp.response(200, DeliveryDetailEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such delivery")
     def get(self, deliveryId: str) -> dict[str, Any]:
@@ -80,7 +80,7 @@ class WebhookDelivery(MethodView):
 
 @blp.route("/webhook-deliveries/<deliveryId>/replay")
 class Replay(MethodView):
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.response(200, DeliveryEnvelopeSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=BAD_KEY)

@@ -42,7 +42,7 @@ blp = Blueprint(
 
 @blp.route("/webhook-endpoints")
 class WebhookEndpoints(MethodView):
-    @auth.api_key(blp, READ)
+    @auth.requires(blp, READ)
     @blp.arguments(ListArgs, location="query")
     @blp.response(200, EndpointListSchema)
     def get(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +59,7 @@ class WebhookEndpoints(MethodView):
             "next_cursor": encode_cursor({"after": page.next_after}) if page.next_after else None,
         }
 
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.arguments(EndpointCreateSchema)
     @blp.response(200, EndpointWithSecretSchema)
@@ -91,7 +91,7 @@ class WebhookEndpoints(MethodView):
 
 @blp.route("/webhook-endpoints/<endpointId>")
 class WebhookEndpoint(MethodView):
-    @auth.api_key(blp, READ)
+    @auth.requires(blp, READ)
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
     def get(self, endpointId: str) -> dict[str, Any]:
@@ -100,7 +100,7 @@ class WebhookEndpoint(MethodView):
             endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId)
             return {"webhook_endpoint": endpoint_out(endpoint)}
 
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @blp.arguments(EndpointPatchSchema)
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
@@ -122,7 +122,7 @@ class WebhookEndpoint(MethodView):
             )
             return {"webhook_endpoint": endpoint_out(endpoint, now)}
 
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @blp.response(204)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
     def delete(self, endpointId: str) -> None:
@@ -134,7 +134,7 @@ class WebhookEndpoint(MethodView):
 
 @blp.route("/webhook-endpoints/<endpointId>/rotate-secret")
 class RotateSecret(MethodView):
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.arguments(RotateSecretSchema, required=False)
     @blp.response(200, EndpointWithSecretSchema)
@@ -159,7 +159,7 @@ class RotateSecret(MethodView):
 
 @blp.route("/webhook-endpoints/<endpointId>/test")
 class SendTest(MethodView):
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.response(200, DeliveryEnvelopeSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=BAD_KEY)
@@ -182,7 +182,7 @@ class SendTest(MethodView):
 
 @blp.route("/webhook-endpoints/<endpointId>/recover")
 class Recover(MethodView):
-    @auth.api_key(blp, WRITE)
+    @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
     @blp.arguments(RecoverSchema)
     @blp.response(200, DeliveryBatchSchema)
