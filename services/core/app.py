@@ -28,16 +28,31 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
 
     from services.core.api import (
         accounts,
+        api_keys,
         chains,
         deposits,
         fee_preview,
+        members,
         policy,
+        portal_links,
         sandbox,
         sessions,
         status,
     )
 
-    for module in (chains, status, policy, accounts, fee_preview, sessions, deposits, sandbox):
+    for module in (
+        chains,
+        status,
+        policy,
+        accounts,
+        fee_preview,
+        sessions,
+        deposits,
+        sandbox,
+        api_keys,
+        members,
+        portal_links,
+    ):
         api.register_blueprint(module.blp)
     # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
     from services.core.relay import api_metrics_registry

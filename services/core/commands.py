@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
+from services.core.api_keys import revoke_key
 from services.core.config import CoreConfig
-from services.core.outbox import emit
-from shared import components, events, migrate
+from shared import components, migrate
 from shared.db import Database
 from shared.errors import ApiError
 from shared.identity import service as identity
@@ -46,15 +46,8 @@ def api_keys_revoke(args: argparse.Namespace) -> int:
     # Identity lives in core's database, so the key and its event commit together.
     config = CoreConfig.from_env()
     with Database(config.database_url, pool_size=1).transaction() as session:
-        key, newly = identity.revoke_api_key(session, args.key_id)
+        key, newly = revoke_key(session, args.key_id)
         assert key.revoked_at is not None
-        if newly:
-            emit(
-                session,
-                events.API_KEY_REVOKED,
-                key.tenant_id,
-                {"apiKeyId": key.id, "revokedAt": iso_ms(key.revoked_at)},
-            )
         _print({"apiKeyId": key.id, "revokedAt": iso_ms(key.revoked_at), "changed": newly})
     return 0
 

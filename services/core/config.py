@@ -30,6 +30,15 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _public_url(env: Mapping[str, str]) -> str | None:
+    value = env_str(env, "SETTLE_PUBLIC_URL")
+    if value is None:
+        return None
+    if not value.startswith(("https://", "http://")) or "#" in value or "?" in value:
+        raise SettingsError(f"SETTLE_PUBLIC_URL must be an http(s) base URL, got {value!r}")
+    return value.rstrip("/")
+
+
 @dataclass(frozen=True)
 class CoreConfig:
     database_url: str
@@ -54,6 +63,8 @@ class CoreConfig:
     rate_limits: RateLimitConfig = RATE_LIMITS_OFF
     #: The deposit pipeline's knobs (docs/DEPOSITS.md, "Settings").
     deposits: PipelineSettings = field(default_factory=PipelineSettings)
+    #: The base URL people open Settle at (portal links); None: the request's own.
+    public_url: str | None = None
 
     @property
     def is_dev(self) -> bool:
@@ -89,4 +100,5 @@ class CoreConfig:
             address_backfill_interval_s=_positive(env, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S", 300.0),
             rate_limits=RateLimitConfig.from_env(env),
             deposits=PipelineSettings.from_env(env),
+            public_url=_public_url(env),
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -22,7 +21,8 @@ from shared.api import Blueprint, ErrorSchema
 from shared.db import Database
 from shared.errors import Forbidden, InsufficientScope, NotFound, Unauthorized
 from shared.identity import service
-from shared.identity.models import ROLES, SCOPE_ROLES, role_at_least
+from shared.identity.models import LINK_SCOPES, ROLES, SCOPE_ROLES, role_at_least
+from shared.identity.principal import Principal
 from shared.identity.secrets import same_hash, token_hash
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,19 +33,6 @@ CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Extension key under which an app keeps the identity database.
 IDENTITY_DB = "settle.identity_db"
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller of this request."""
-
-    tenant_id: str
-    sandbox: bool
-    api_key_id: str | None = None
-    scopes: frozenset[str] = frozenset()
-    member_id: str | None = None
-    role: str | None = None
-    session_id: str | None = None
 
 
 def identity_db() -> Database:
@@ -84,12 +71,15 @@ def authenticate_api_key(scope: str | None) -> Principal:
     return principal
 
 
-def authenticate_session(min_role: str, tenant_id: str | None = None) -> Principal:
-    """The caller of the session cookie, a member of at least `min_role`.
+def authenticate_session(
+    min_role: str, tenant_id: str | None = None, *, links: bool = False
+) -> Principal:
+    """The caller of the session cookie, of at least `min_role`.
 
     Unsafe methods must carry the session's own CSRF token. When `tenant_id` is given
-    (a path parameter) it must be the member's tenant: another tenant's id answers 404
-    exactly as one that does not exist.
+    (a path parameter) it must be the session's tenant: another tenant's id answers
+    404 exactly as one that does not exist. A session a portal link opened is
+    refused unless `links` (the webhook pages and the session itself).
     """
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
@@ -103,6 +93,8 @@ def authenticate_session(min_role: str, tenant_id: str | None = None) -> Princip
             raise Forbidden(f"send the {CSRF_HEADER} header the session response gave")
     if tenant_id is not None and tenant_id != live.tenant_id:
         raise NotFound("no such tenant")
+    if live.link_id is not None and not links:
+        raise Forbidden("a portal link opens the webhook pages only")
     if not role_at_least(live.role, min_role):
         raise Forbidden(f"this needs the {min_role} role or higher; you are {live.role}")
     return Principal(
@@ -111,6 +103,7 @@ def authenticate_session(min_role: str, tenant_id: str | None = None) -> Princip
         member_id=live.member_id,
         role=live.role,
         session_id=live.id,
+        link_id=live.link_id,
     )
 
 
@@ -124,7 +117,7 @@ def authenticate(scope: str) -> Principal:
     if "Authorization" in request.headers:
         return authenticate_api_key(scope)
     if SESSION_COOKIE in request.cookies:
-        return authenticate_session(SCOPE_ROLES[scope])
+        return authenticate_session(SCOPE_ROLES[scope], links=scope in LINK_SCOPES)
     raise Unauthorized("send Authorization: Bearer <API key>, or sign in (POST /v1/sessions)")
 
 
@@ -169,11 +162,16 @@ def requires(blp: Blueprint, scope: str) -> Callable[[F], F]:
 
 
 def member(
-    blp: Blueprint, min_role: str = "viewer", tenant_arg: str | None = None
+    blp: Blueprint,
+    min_role: str = "viewer",
+    tenant_arg: str | None = None,
+    *,
+    links: bool = False,
 ) -> Callable[[F], F]:
     """Require a signed-in portal member of at least `min_role`.
 
-    When `tenant_arg` names a path parameter, it must be the member's tenant.
+    When `tenant_arg` names a path parameter, it must be the member's tenant. With
+    `links`, a session a portal link opened passes too.
     """
     if min_role not in ROLES:
         raise ValueError(min_role)
@@ -182,7 +180,9 @@ def member(
         @wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             tenant_id = kwargs.get(tenant_arg) if tenant_arg else None
-            g.principal = authenticate_session(min_role, str(tenant_id) if tenant_id else None)
+            g.principal = authenticate_session(
+                min_role, str(tenant_id) if tenant_id else None, links=links
+            )
             return fn(*args, **kwargs)
 
         note = (

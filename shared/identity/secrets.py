@@ -43,6 +43,10 @@ def new_session_token() -> str:
     return "sst_" + secrets.token_urlsafe(32)
 
 
+def new_link_token() -> str:
+    return "plk_" + secrets.token_urlsafe(32)
+
+
 def new_csrf_token() -> str:
     return "csrf_" + secrets.token_urlsafe(24)
 

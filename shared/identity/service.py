@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,8 +13,17 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from shared.db import Database
-from shared.errors import Conflict, InvalidRequest, NotFound, Unauthorized
-from shared.identity.models import ROLES, SCOPES, ApiKey, Member, PortalSession, Tenant
+from shared.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from shared.identity.models import (
+    ROLES,
+    SCOPES,
+    ApiKey,
+    Member,
+    PortalLink,
+    PortalSession,
+    Tenant,
+)
+from shared.identity.principal import Principal
 from shared.identity.secrets import (
     check_password,
     hash_password,
@@ -44,7 +54,8 @@ class IssuedSession:
     token: str
     csrf_token: str
     record: PortalSession
-    member: Member
+    #: None for a session a portal link opened.
+    member: Member | None
 
 
 def check_scopes(scopes: Iterable[str]) -> list[str]:
@@ -68,7 +79,9 @@ def create_tenant(
     return tenant, create_api_key(session, tenant.id, SCOPES)
 
 
-def create_api_key(session: Session, tenant_id: str, scopes: Iterable[str]) -> IssuedKey:
+def create_api_key(
+    session: Session, tenant_id: str, scopes: Iterable[str], *, name: str | None = None
+) -> IssuedKey:
     scope_list = check_scopes(scopes)
     if session.get(Tenant, tenant_id) is None:
         raise NotFound(f"no tenant {tenant_id}")
@@ -78,6 +91,7 @@ def create_api_key(session: Session, tenant_id: str, scopes: Iterable[str]) -> I
         tenant_id=tenant_id,
         key_hash=token_hash(plain),
         key_prefix=plain[:10],
+        name=name,
         scopes=scope_list,
         created_at=utcnow(),
     )
@@ -86,11 +100,28 @@ def create_api_key(session: Session, tenant_id: str, scopes: Iterable[str]) -> I
     return IssuedKey(plain, record)
 
 
-def revoke_api_key(session: Session, key_id: str) -> tuple[ApiKey, bool]:
-    """Revoke a key; returns (key, newly_revoked). Revoking twice changes nothing."""
-    key = session.execute(
-        sa.select(ApiKey).where(ApiKey.id == key_id).with_for_update()
-    ).scalar_one_or_none()
+def list_api_keys(
+    session: Session, tenant_id: str, *, limit: int, before: str | None = None
+) -> tuple[list[ApiKey], str | None]:
+    """The tenant's keys, revoked ones too, newest first; and the id to continue before."""
+    query = sa.select(ApiKey).where(ApiKey.tenant_id == tenant_id)
+    if before is not None:
+        query = query.where(ApiKey.id < before)
+    rows = list(session.scalars(query.order_by(ApiKey.id.desc()).limit(limit + 1)))
+    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+
+
+def revoke_api_key(
+    session: Session, key_id: str, *, tenant_id: str | None = None
+) -> tuple[ApiKey, bool]:
+    """Revoke a key; returns (key, newly_revoked). Revoking twice changes nothing.
+
+    With `tenant_id`, another tenant's key answers 404 as one that does not exist.
+    """
+    query = sa.select(ApiKey).where(ApiKey.id == key_id)
+    if tenant_id is not None:
+        query = query.where(ApiKey.tenant_id == tenant_id)
+    key = session.execute(query.with_for_update()).scalar_one_or_none()
     if key is None:
         raise NotFound(f"no API key {key_id}")
     if key.revoked_at is not None:
@@ -166,6 +197,98 @@ def add_member(session: Session, tenant_id: str, email: str, role: str, password
     return member
 
 
+def list_members(
+    session: Session, tenant_id: str, *, limit: int, before: str | None = None
+) -> tuple[list[Member], str | None]:
+    """The tenant's members, newest first; and the id to continue before."""
+    query = sa.select(Member).where(Member.tenant_id == tenant_id)
+    if before is not None:
+        query = query.where(Member.id < before)
+    rows = list(session.scalars(query.order_by(Member.id.desc()).limit(limit + 1)))
+    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+
+
+def get_member(session: Session, tenant_id: str, member_id: str, *, lock: bool = False) -> Member:
+    """The tenant's member; another tenant's answers 404 as one that does not exist."""
+    query = sa.select(Member).where(Member.id == member_id, Member.tenant_id == tenant_id)
+    member = session.execute(query.with_for_update() if lock else query).scalar_one_or_none()
+    if member is None:
+        raise NotFound(f"no member {member_id}")
+    return member
+
+
+def change_role(session: Session, actor: Principal, member_id: str, role: str) -> Member:
+    """Give a member of the actor's tenant another role.
+
+    The actor must be allowed both the member's current role and the new one (an
+    admin neither makes nor unmakes an owner), and a tenant keeps at least one owner.
+    """
+    if role not in ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(ROLES)}")
+    actor = _lock_tenant(session, actor)
+    member = get_member(session, actor.tenant_id, member_id, lock=True)
+    _may_handle(actor, member.role)
+    _may_handle(actor, role)
+    if member.role == "owner" and role != "owner":
+        _keep_an_owner(session, actor.tenant_id)
+    member.role = role
+    session.flush()
+    return member
+
+
+def remove_member(session: Session, actor: Principal, member_id: str) -> None:
+    """Remove a member of the actor's tenant and end their sessions at once."""
+    actor = _lock_tenant(session, actor)
+    member = get_member(session, actor.tenant_id, member_id, lock=True)
+    _may_handle(actor, member.role)
+    if member.role == "owner":
+        _keep_an_owner(session, actor.tenant_id)
+    session.execute(sa.delete(PortalSession).where(PortalSession.member_id == member.id))
+    session.delete(member)
+    session.flush()
+
+
+def grant_member(
+    session: Session, actor: Principal, email: str, role: str, password: str
+) -> Member:
+    """`add_member` to the actor's tenant, with a role the actor may give."""
+    if role in ROLES:
+        _may_handle(_lock_tenant(session, actor), role)
+    return add_member(session, actor.tenant_id, email, role, password)
+
+
+def _may_handle(actor: Principal, role: str) -> None:
+    if not actor.may_grant_role(role):
+        raise Forbidden(f"you may not give or change the {role} role")
+
+
+def _lock_tenant(session: Session, actor: Principal) -> Principal:
+    """Serialise changes to one tenant's members; the actor as of now.
+
+    The last-owner rule reads every member, so changes take turns. A member acting is
+    judged by their role once the lock is held: one demoted a moment ago by a
+    request that ran first no longer acts as what they were.
+    """
+    session.execute(sa.select(Tenant.id).where(Tenant.id == actor.tenant_id).with_for_update())
+    if actor.member_id is None:
+        return actor
+    role = session.scalar(sa.select(Member.role).where(Member.id == actor.member_id))
+    if role is None:
+        raise Unauthorized("the session has ended; sign in again")
+    return dataclasses.replace(actor, role=role)
+
+
+def _keep_an_owner(session: Session, tenant_id: str) -> None:
+    """Refuse the change if it would leave the tenant without an owner (409)."""
+    owners = session.scalar(
+        sa.select(sa.func.count())
+        .select_from(Member)
+        .where(Member.tenant_id == tenant_id, Member.role == "owner")
+    )
+    if (owners or 0) <= 1:
+        raise Conflict("a tenant keeps at least one owner; make another owner first")
+
+
 def sign_in(
     session: Session, email: str, password: str, *, now: datetime | None = None
 ) -> IssuedSession:
@@ -180,16 +303,31 @@ def sign_in(
 
 def open_session(session: Session, member: Member, *, now: datetime | None = None) -> IssuedSession:
     """A new session for `member`, who has proven who they are."""
+    return issue_session(session, member.tenant_id, member=member, now=now)
+
+
+def issue_session(
+    session: Session,
+    tenant_id: str,
+    *,
+    member: Member | None = None,
+    link: PortalLink | None = None,
+    ttl: timedelta = SESSION_TTL,
+    now: datetime | None = None,
+) -> IssuedSession:
+    """A new session of a member, or of a portal link (with the link's role)."""
     now = now or utcnow()
     token, csrf = new_session_token(), new_csrf_token()
     record = PortalSession(
         id=new_id("ses"),
         token_hash=token_hash(token),
         csrf_hash=token_hash(csrf),
-        member_id=member.id,
-        tenant_id=member.tenant_id,
+        member_id=member.id if member else None,
+        tenant_id=tenant_id,
+        role=link.role if link else None,
+        portal_link_id=link.id if link else None,
         created_at=now,
-        expires_at=now + SESSION_TTL,
+        expires_at=now + ttl,
     )
     session.add(record)
     session.flush()
@@ -198,32 +336,40 @@ def open_session(session: Session, member: Member, *, now: datetime | None = Non
 
 @dataclass(frozen=True)
 class LiveSession:
-    """What a request needs of a live portal session: its member, role and tenant."""
+    """What a request needs of a live portal session: who, with which role, of which tenant.
+
+    A member's session has `member_id` and the member's current role; a session a
+    portal link opened has `link_id` and the link's role.
+    """
 
     id: str
     tenant_id: str
     sandbox: bool
-    member_id: str
+    member_id: str | None
+    link_id: str | None
     role: str
     csrf_hash: str
 
 
-#: The session, its member and its tenant in one statement: one round trip per request.
+#: The session, its member (if any) and its tenant in one statement: one round trip.
+#: A member's session whose member is gone matches nothing (no member, no link).
 _LIVE_SESSION = (
     sa.select(
         PortalSession.id,
         PortalSession.tenant_id,
         Tenant.sandbox,
         Member.id,
-        Member.role,
+        PortalSession.portal_link_id,
+        sa.func.coalesce(Member.role, PortalSession.role),
         PortalSession.csrf_hash,
     )
-    .join(Member, Member.id == PortalSession.member_id)
+    .outerjoin(Member, Member.id == PortalSession.member_id)
     .join(Tenant, Tenant.id == PortalSession.tenant_id)
     .where(
         PortalSession.token_hash == sa.bindparam("token_hash"),
         PortalSession.revoked_at.is_(None),
         PortalSession.expires_at > sa.bindparam("now"),
+        sa.or_(Member.id.is_not(None), PortalSession.portal_link_id.is_not(None)),
     )
 )
 

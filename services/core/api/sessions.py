@@ -12,7 +12,7 @@ from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printab
 from services.core.context import core
 from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
 from shared.errors import Unauthorized
-from shared.identity import auth, service
+from shared.identity import auth, portal_links, service
 from shared.identity.models import ROLES, Member, PortalSession
 from shared.timefmt import iso_ms
 
@@ -27,7 +27,7 @@ blp = Blueprint(
 PASSWORD_MAX = 1024
 
 
-def _unicode_text(value: str) -> None:
+def unicode_text(value: str) -> None:
     """Text the password hash can take: UTF-8 encodable (no unpaired surrogates)."""
     try:
         value.encode("utf-8")
@@ -44,15 +44,17 @@ class SignInSchema(Schema):
         metadata={"example": "ops@example.com"},
     )
     password = ma.fields.String(
-        required=True, validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), _unicode_text]
+        required=True, validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), unicode_text]
     )
 
 
 class SessionSchema(Schema):
     id = ma.fields.String(required=True, metadata={"example": "ses_01JD3Y9X8M2K4Q7R5T6V8W0Z1A"})
     tenant_id = ma.fields.String(required=True, metadata={"format": "uuid"})
-    member_id = ma.fields.String(required=True)
-    email = ma.fields.String(required=True)
+    member_id = ma.fields.String(
+        required=True, allow_none=True, metadata={"description": "Null for a portal link's."}
+    )
+    email = ma.fields.String(required=True, allow_none=True)
     role = ma.fields.String(required=True, metadata={"enum": list(ROLES)})
     csrf_token = ma.fields.String(
         metadata={
@@ -68,16 +70,24 @@ class SessionEnvelopeSchema(Schema):
     session = ma.fields.Nested(SessionSchema, required=True)
 
 
-def _document(record: PortalSession, member: Member) -> dict[str, Any]:
+def _document(record: PortalSession, member: Member | None) -> dict[str, Any]:
+    """A member's session, or (member None) one a portal link opened."""
     return {
         "id": record.id,
         "tenantId": record.tenant_id,
-        "memberId": member.id,
-        "email": member.email,
-        "role": member.role,
+        "memberId": member.id if member else None,
+        "email": member.email if member else None,
+        "role": member.role if member else record.role,
         "createdAt": iso_ms(record.created_at),
         "expiresAt": iso_ms(record.expires_at),
     }
+
+
+def _signed_in(body: dict[str, Any], issued: service.IssuedSession) -> Response:
+    """The session with its CSRF token (shown once), and the cookie."""
+    response = json_response({"session": {**body, "csrfToken": issued.csrf_token}})
+    response.set_cookie(auth.SESSION_COOKIE, issued.token, **_cookie_options())
+    return response
 
 
 def _cookie_options() -> dict[str, Any]:
@@ -101,28 +111,54 @@ class Sessions(MethodView):
         with auth.identity_db().transaction() as session:
             issued = service.sign_in(session, args["email"], args["password"])
             body = _document(issued.record, issued.member)
-        body = {**body, "csrfToken": issued.csrf_token}
-        response = json_response({"session": body})
-        response.set_cookie(auth.SESSION_COOKIE, issued.token, **_cookie_options())
-        return response
+        return _signed_in(body, issued)
+
+
+class OpenLinkSchema(Schema):
+    token = ma.fields.String(
+        required=True,
+        validate=[ma.validate.Length(min=1, max=200), printable],
+        metadata={"description": "The token after `#` in the portal link's URL."},
+    )
+
+
+@blp.route("/sessions/portal-link")
+class PortalLinkSessions(MethodView):
+    @blp.arguments(OpenLinkSchema)
+    @blp.response(200, SessionEnvelopeSchema)
+    @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
+    @blp.alt_response(
+        401, schema=ErrorSchema, description="unauthorized: the link expired or was used"
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    def post(self, args: dict[str, Any]) -> Response:
+        """Open a portal link: a session of the link's role for the webhook pages.
+
+        A link opens one session, once; after that (or after it expires) it is 401.
+        The session has no member (`memberId` and `email` are null) and lasts one hour.
+        """
+        with auth.identity_db().transaction() as session:
+            issued = portal_links.open_link(session, args["token"])
+            body = _document(issued.record, issued.member)
+        return _signed_in(body, issued)
 
 
 @blp.route("/sessions/current")
 class CurrentSession(MethodView):
-    @auth.member(blp, "viewer")
+    @auth.member(blp, "viewer", links=True)
     @blp.response(200, SessionEnvelopeSchema)
     def get(self) -> Response:
         """The signed-in member's session (without the CSRF token)."""
         session_id = auth.current_principal().session_id
         with auth.identity_db().reader() as session:
             record = session.get(PortalSession, session_id)
-            member = session.get(Member, record.member_id) if record else None
-            if record is None or member is None:
+            member = session.get(Member, record.member_id) if record and record.member_id else None
+            if record is None or (member is None and record.portal_link_id is None):
                 raise Unauthorized("the session has ended; sign in again")
             body = _document(record, member)
         return json_response({"session": body})
 
-    @auth.member(blp, "viewer")
+    @auth.member(blp, "viewer", links=True)
     @blp.response(204)
     def delete(self) -> Response:
         """Sign out: ends the session and clears the cookie."""
