@@ -393,22 +393,6 @@ def _could_be_session(token: str) -> bool:
     return token.startswith("sst_") and len(token) <= 200
 
 
-def find_session(session: Session, token: str) -> tuple[PortalSession, Member] | None:
-    """The live session for a cookie token, with its member."""
-    if not _could_be_session(token):
-        return None
-    row = session.execute(
-        sa.select(PortalSession, Member)
-        .join(Member, Member.id == PortalSession.member_id)
-        .where(
-            PortalSession.token_hash == token_hash(token),
-            PortalSession.revoked_at.is_(None),
-            PortalSession.expires_at > utcnow(),
-        )
-    ).first()
-    return None if row is None else (row[0], row[1])
-
-
 def end_session(session: Session, session_id: str) -> None:
     session.execute(
         sa.update(PortalSession)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from argon2 import PasswordHasher
 from flask import Flask
 
 from services.notifier.app import create_app
 from services.notifier.context import NotifierContext
 from shared.db import Database
+from shared.identity import secrets
 from tests.fuzz.harness import REPORTS, summary_lines
 from tests.integration.notifier_fixtures import EnqueueRecorder, notifier_config
 
@@ -28,3 +32,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("API fuzzing")
         for line in summary_lines(reports):
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cheap_password_hashing() -> Iterator[None]:
+    """argon2 at its cheapest while fuzzing: POST /v1/members hashes every valid body.
+
+    At the default cost (about half a second here) the fuzzer's hundreds of member
+    creations outlast the test timeout; what is fuzzed is input handling, not the hash.
+    """
+    cheap = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+    previous = secrets._hasher
+    secrets._hasher = cheap
+    yield
+    secrets._hasher = previous

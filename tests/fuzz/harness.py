@@ -36,7 +36,7 @@ from shared.idempotency import HEADER as IDEMPOTENCY_HEADER
 from shared.idempotency import MAX_KEY_LENGTH
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
-from shared.identity.models import Member
+from shared.identity.models import SCOPES, Member
 from tests.conftest import TenantKeys
 
 #: Fixed seed with derandomized generation: CI runs the same requests every time.
@@ -166,9 +166,12 @@ def before_call(
 
 @dataclass
 class Portal:
-    """A signed-in owner of the tenant; signs in again when the session ended."""
+    """A signed-in owner of the tenant, kept so: the fuzzer may sign out, demote or
+    remove the member (with the tenant's key it may), and the next case gets an owner's
+    live session again."""
 
     db: Database
+    tenant_id: str
     email: str
     token: str | None = None
     csrf: str | None = None
@@ -176,26 +179,53 @@ class Portal:
     @classmethod
     def for_tenant(cls, db: Database, tenant_id: str) -> Portal:
         email = f"fuzz-{uuid.uuid4().hex[:10]}@example.com"
-        with db.transaction() as session:
-            identity.add_member(session, tenant_id, email, "owner", MEMBER_PASSWORD)
-        return cls(db, email)
+        portal = cls(db, tenant_id, email)
+        portal._owner()
+        return portal
 
-    def current(self) -> tuple[str, str]:
-        """(session token, CSRF token) of a live session; the fuzzer may sign out."""
-        if self.token is not None:
-            with self.db.reader() as session:
-                live = identity.find_session(session, self.token) is not None
-            if live and self.csrf is not None:
-                return self.token, self.csrf
-        # A new session without the password check: sign-in has tests of its own, and
-        # argon2 would cost half a second each time the fuzzer signs out.
+    def _owner(self) -> Member:
+        """The member, an owner, made again if the fuzzer removed it."""
         with self.db.transaction() as session:
             member = session.execute(
                 sa.select(Member).where(Member.email == self.email)
-            ).scalar_one()
-            issued = identity.open_session(session, member)
+            ).scalar_one_or_none()
+            if member is None:
+                member = identity.add_member(
+                    session, self.tenant_id, self.email, "owner", MEMBER_PASSWORD
+                )
+            member.role = "owner"
+            session.flush()
+            session.expunge(member)
+            return member
+
+    def current(self) -> tuple[str, str]:
+        """(session token, CSRF token) of a live owner's session."""
+        if self.token is not None and self.csrf is not None:
+            live = identity.authenticate_session(self.db, self.token)
+            if live is not None and live.role == "owner":
+                return self.token, self.csrf
+        # A new session without the password check: sign-in has tests of its own.
+        member = self._owner()
+        with self.db.transaction() as session:
+            issued = identity.open_session(session, session.merge(member))
         self.token, self.csrf = issued.token, issued.csrf_token
         return self.token, self.csrf
+
+
+@dataclass
+class KeyHolder:
+    """A full-scope key of the tenant, replaced when the fuzzer revokes it (it may:
+    `DELETE /v1/api-keys/{apiKeyId}` with the key's own id)."""
+
+    db: Database
+    tenant_id: str
+    key: str
+
+    def current(self) -> str:
+        if identity.authenticate_key(self.db, self.key) is None:
+            with self.db.transaction() as session:
+                self.key = identity.create_api_key(session, self.tenant_id, SCOPES).api_key
+        return self.key
 
 
 @dataclass(frozen=True)
@@ -206,11 +236,14 @@ class Credentials:
     portal: Portal | None = None
     session_token: str | None = None
     csrf_token: str | None = None
+    keys: KeyHolder | None = None
 
-    def resolve(self) -> tuple[str | None, str | None]:
+    def resolve(self) -> tuple[str | None, str | None, str | None]:
+        """(API key, session token, CSRF token), each live when it can be."""
+        key = self.keys.current() if self.keys is not None else self.api_key
         if self.portal is not None:
-            return self.portal.current()
-        return self.session_token, self.csrf_token
+            return (key, *self.portal.current())
+        return key, self.session_token, self.csrf_token
 
 
 def provider_for(credentials: Credentials) -> type:
@@ -223,9 +256,9 @@ def provider_for(credentials: Credentials) -> type:
         def set(
             self, case: schemathesis.Case, data: Any, context: schemathesis.AuthContext
         ) -> None:
-            token, csrf = data
-            if credentials.api_key is not None:
-                case.headers["Authorization"] = f"Bearer {credentials.api_key}"
+            key, token, csrf = data
+            if key is not None:
+                case.headers["Authorization"] = f"Bearer {key}"
             if token is not None:
                 case.cookies = {**(case.cookies or {}), SESSION_COOKIE: token}
             if csrf is not None:
@@ -240,7 +273,11 @@ def valid_credentials(db: Database, tenant: TenantKeys) -> Credentials:
     A request with a key is judged by the key alone, so the session serves only the
     routes members alone reach; `session_credentials` runs everything by session.
     """
-    return Credentials(tenant.api_key, Portal.for_tenant(db, tenant.tenant_id))
+    return Credentials(
+        tenant.api_key,
+        Portal.for_tenant(db, tenant.tenant_id),
+        keys=KeyHolder(db, tenant.tenant_id, tenant.api_key),
+    )
 
 
 def session_credentials(db: Database, tenant: TenantKeys) -> Credentials:
@@ -487,10 +524,10 @@ def oversized_body_problems(
     """
     client = app.test_client()
     document = client.get(openapi_path).get_json()
-    token, csrf = credentials.resolve()
+    key, token, csrf = credentials.resolve()
     headers = {"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex}
-    if credentials.api_key is not None:
-        headers["Authorization"] = f"Bearer {credentials.api_key}"
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     if csrf is not None:
         headers[CSRF_HEADER] = csrf
     if token is not None:

@@ -54,6 +54,8 @@ def _run(request: pytest.FixtureRequest, app: Flask, variant: harness.Variant) -
     assert not problems, "\n\n".join(problems[:20])
 
 
+# 26 operations with stateful links: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(900)
 def test_core_with_a_full_scope_key_and_an_owner_session(
     request: pytest.FixtureRequest, core_app: Flask, pg_db: Database
 ) -> None:
@@ -72,6 +74,8 @@ def test_core_with_a_full_scope_key_and_an_owner_session(
     _run(request, core_app, variant)
 
 
+# 26 operations with stateful links: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(900)
 def test_core_with_an_owner_session_alone(
     request: pytest.FixtureRequest, core_app: Flask, pg_db: Database
 ) -> None:

@@ -25,6 +25,15 @@ ROUTES = [
     ("post", "/v1/sessions", None, True),
     ("get", "/v1/sessions/current", "session", False),
     ("delete", "/v1/sessions/current", "session", False),
+    ("post", "/v1/sessions/portal-link", None, True),
+    ("get", "/v1/api-keys", "api_keys:write", False),
+    ("post", "/v1/api-keys", "api_keys:write", True),
+    ("delete", "/v1/api-keys/{apiKeyId}", "api_keys:write", False),
+    ("get", "/v1/members", "members:write", False),
+    ("post", "/v1/members", "members:write", True),
+    ("patch", "/v1/members/{memberId}", "members:write", True),
+    ("delete", "/v1/members/{memberId}", "members:write", False),
+    ("post", "/v1/portal-links", "portal:write", True),
 ]
 
 

@@ -39,3 +39,13 @@ def test_production_requires_a_database_url() -> None:
     env = {"SETTLE_ENV": "production", "SETTLE_DEPOSIT_XPUB": "xpub-not-read-here"}
     with pytest.raises(SettingsError, match="SETTLE_DATABASE_URL"):
         CoreConfig.from_env(env)
+
+
+def test_the_public_url_is_a_base_url() -> None:
+    base = {"SETTLE_ENV": "dev"}
+    assert CoreConfig.from_env(base).public_url is None
+    config = CoreConfig.from_env({**base, "SETTLE_PUBLIC_URL": "https://settle.example.com/"})
+    assert config.public_url == "https://settle.example.com"
+    for bad in ("settle.example.com", "ftp://x", "https://x/#frag", "https://x/?a=1"):
+        with pytest.raises(SettingsError):
+            CoreConfig.from_env({**base, "SETTLE_PUBLIC_URL": bad})
