@@ -7,8 +7,11 @@ from flask import Flask, abort, request
 
 from shared.signing import SignatureError, verify
 
+# No fallback: with an empty secret anyone could sign, so refuse to start without it.
+SECRET = os.environ.get("SETTLE_WEBHOOK_SECRET") or ""
+if not SECRET.startswith("whsec_"):
+    raise SystemExit("set SETTLE_WEBHOOK_SECRET to the endpoint's secret (whsec_..., shown once)")
 app = Flask(__name__)
-SECRET = os.environ.get("SETTLE_WEBHOOK_SECRET", "")
 received: list[dict] = []  # a real receiver would store the event id to drop repeats
 
 

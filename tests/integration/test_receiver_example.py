@@ -22,12 +22,22 @@ pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "receiver.py"
 
 
-@pytest.fixture
-def receiver() -> Iterator[tuple[ModuleType, str]]:
+def _load(monkeypatch: pytest.MonkeyPatch, secret: str | None) -> ModuleType:
+    """Load the example as `python receiver.py` would, with its variable set or not."""
+    if secret is None:
+        monkeypatch.delenv("SETTLE_WEBHOOK_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("SETTLE_WEBHOOK_SECRET", secret)
     spec = importlib.util.spec_from_file_location("settle_receiver_example", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, str]]:
+    module = _load(monkeypatch, "whsec_replaced_by_each_test")
     server = make_server("127.0.0.1", 0, module.app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -71,3 +81,34 @@ def test_the_documented_receiver_refuses_a_forged_delivery(
     )
     assert requests.post(url, data=body, headers=stale, timeout=5).status_code == 400
     assert module.received == []
+
+
+@pytest.mark.parametrize("secret", [None, "", "   ", "not-a-whsec"])
+def test_the_documented_receiver_refuses_to_start_without_its_secret(
+    monkeypatch: pytest.MonkeyPatch, secret: str | None
+) -> None:
+    # Given SETTLE_WEBHOOK_SECRET unset, empty or not a secret (it used to fall back to "",
+    # and then accepted a deposit.credited forged with the empty key)
+    # When the example starts, Then it stops at once and says what to set
+    with pytest.raises(SystemExit, match="SETTLE_WEBHOOK_SECRET"):
+        _load(monkeypatch, secret)
+
+
+def test_the_documented_receiver_answers_400_to_garbage_signatures(
+    receiver: tuple[ModuleType, str],
+) -> None:
+    module, url = receiver
+    module.SECRET = "whsec_the_real_one"
+    body = b'{"id":"evt_forged","type":"deposit.credited"}'
+    headers = signing.sign_headers([module.SECRET], body, "evt_forged", "whd_x")
+    # A non-ASCII signature made verify() raise TypeError: the receiver answered 500
+    for garbage in ("v1=\u00e9\u00e9", "v1=" + "\u0660" * 64):
+        forged = {**headers, "x-service-signature": garbage}
+        answer = requests.post(url, data=body, headers=_utf8(forged), timeout=5)
+        assert answer.status_code == 400, garbage
+    assert module.received == []
+
+
+def _utf8(headers: dict[str, str]) -> dict[str, bytes]:
+    """Header values as raw UTF-8 bytes (requests would refuse non-Latin-1 text)."""
+    return {name: value.encode("utf-8") for name, value in headers.items()}

@@ -152,3 +152,73 @@ def test_unknown_schemes_beside_v1_are_ignored() -> None:
 def test_every_error_is_a_signature_error() -> None:
     for cls in (MissingHeader, MalformedHeader, TimestampOutOfTolerance, SignatureMismatch):
         assert issubclass(cls, signing.SignatureError)
+
+
+# -- hostile input: verify() answers every bad delivery with a SignatureError ------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("x-service-signature", "v1=é" + "0" * 63),  # non-ASCII: compare_digest raised TypeError
+        ("x-service-signature", "v1=\u0660" * 3),
+        ("x-service-signature", "v1=" + "\udcff" * 64),  # a lone surrogate (from a bad decode)
+        ("x-service-timestamp", "\u00b2"),  # "²".isdigit() is True, int("²") raised ValueError
+        # NOW in Arabic-Indic digits: int() read it as NOW, so a correct signature passed
+        ("x-service-timestamp", str(NOW).translate({0x30 + d: 0x0660 + d for d in range(10)})),
+        ("x-service-timestamp", "9" * 5000),  # int() of a 5000-digit string raised ValueError
+        ("x-service-timestamp", "1" * 30),
+    ],
+)
+def test_garbage_headers_raise_only_signature_errors(name: str, value: str) -> None:
+    # Given a delivery whose header is garbage a forger (or a broken proxy) could send
+    headers = sign_headers([SECRET], BODY, "evt_1", "whd_1", timestamp=NOW)
+    headers[name] = value
+    # When it is verified, Then the answer is a SignatureError (a 400), never a crash (a 500)
+    with pytest.raises(signing.SignatureError):
+        verify(SECRET, headers, BODY, now=NOW)
+
+
+@pytest.mark.parametrize("value", [b"v1=abc", None, 12345])
+def test_header_values_that_are_not_text_are_malformed(value: object) -> None:
+    # Given a header mapping from a framework that hands over bytes or other objects
+    headers: dict[str, object] = dict(sign_headers([SECRET], BODY, "e", "w", timestamp=NOW))
+    headers["x-service-signature"] = value
+    with pytest.raises(MalformedHeader):
+        verify(SECRET, headers, BODY, now=NOW)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("secret", ["", None, b"whsec_bytes"])
+def test_an_empty_or_missing_secret_refuses_everything(secret: object) -> None:
+    # Given a delivery signed with the empty string, as a receiver whose secret variable is
+    # unset (`os.environ.get(..., "")`) would check it
+    forged = hmac.new(b"", f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
+    headers = {"x-service-signature": f"v1={forged}", "x-service-timestamp": str(NOW)}
+    # When it is verified with an empty or missing secret, Then it is refused, not accepted
+    with pytest.raises(signing.InvalidSecret):
+        verify(secret, headers, BODY, now=NOW)  # type: ignore[arg-type]
+
+
+def test_an_empty_secret_cannot_sign_either() -> None:
+    # The sender side refuses it too, so no delivery is ever signed with ""
+    with pytest.raises(signing.InvalidSecret):
+        sign_headers([""], BODY, "evt_1", "whd_1", timestamp=NOW)
+
+
+@pytest.mark.parametrize("body", ["text, not bytes", None, {"id": "evt_1"}])
+def test_a_body_that_is_not_raw_bytes_is_refused(body: object) -> None:
+    # Given a receiver that passes parsed or decoded data instead of the raw bytes
+    headers = sign_headers([SECRET], BODY, "evt_1", "whd_1", timestamp=NOW)
+    # Then verification fails closed with a SignatureError that says what to pass
+    with pytest.raises(signing.SignatureError, match="raw"):
+        verify(SECRET, headers, body, now=NOW)  # type: ignore[arg-type]
+
+
+def test_bytearray_and_memoryview_bodies_verify() -> None:
+    headers = sign_headers([SECRET], BODY, "evt_1", "whd_1", timestamp=NOW)
+    assert verify(SECRET, headers, bytearray(BODY), now=NOW) == NOW
+    assert verify(SECRET, headers, memoryview(BODY), now=NOW) == NOW
+
+
+def test_the_new_errors_are_signature_errors() -> None:
+    assert issubclass(signing.InvalidSecret, signing.SignatureError)
