@@ -1,8 +1,11 @@
 """Which webhook URLs an endpoint may have: the policy checked at creation and update.
 
-This check looks at the URL as written. Host names can still resolve to private
-addresses (DNS rebinding, split horizon), so the sender checks the resolved IP again
-at send time; this policy catches the obvious cases early, with a clear message.
+This check looks at the URL as an HTTP client reads it: the host after IDNA (UTS 46)
+mapping, so fullwidth digits or ideographic dots cannot hide an address, and IP
+literals judged by the sender's own guard (`sender.is_blocked_ip`), so the two never
+disagree. Host names can still resolve to private addresses (DNS rebinding, split
+horizon), so the sender checks the resolved IP again at send time; this policy
+catches the obvious cases early, with a clear message.
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from urllib.parse import SplitResult, urlsplit
+
+import idna
+
+from services.notifier.sender import IPAddress, is_blocked_ip
 
 #: Longest URL accepted (the column holds 2048 characters).
 MAX_URL_LENGTH = 2048
@@ -76,19 +83,49 @@ def _check_host(parts: SplitResult, *, allow_private: bool) -> None:
     host = parts.hostname  # lower-cased, brackets of IPv6 literals removed
     if not host:
         raise UrlRejected("must name a host")
-    literal = _ip_literal(host, bracketed="[" in parts.netloc)
-    if literal is not None:
-        if not allow_private and not _is_public(literal):
-            raise UrlRejected(
-                "points to a private, loopback, link-local or reserved address; "
-                "webhooks go to public hosts"
-            )
+    if "[" in parts.netloc:
+        try:
+            literal: IPAddress | None = ipaddress.IPv6Address(host)
+        except ValueError:
+            raise UrlRejected("has an IPv6 address that is not valid") from None
+        _check_address(literal, allow_private=allow_private)
         return
-    name = host.rstrip(".")
+    # Judge the host as an HTTP client will read it: UTS 46 maps fullwidth digits and
+    # letters, ideographic full stops and upper case to their plain forms, so
+    # fullwidth digits with ideographic dots spelling 127.0.0.1 are 127.0.0.1 here too.
+    normal, ascii_name = _normal_host(host)
+    literal = _ip_literal(ascii_name)
+    if literal is not None:
+        _check_address(literal, allow_private=allow_private)
+    else:
+        _check_name(ascii_name, allow_private=allow_private)
+    if normal != host.rstrip("."):
+        raise UrlRejected(f"must spell its host plainly: write {normal!r}")
+
+
+def _normal_host(host: str) -> tuple[str, str]:
+    """(the UTS 46 mapped name, its ASCII form), without the root dot."""
     try:
-        ascii_name = name.encode("idna").decode("ascii")
-    except UnicodeError:
+        normal = idna.uts46_remap(host, std3_rules=False, transitional=False).rstrip(".")
+        labels = [
+            label if label.isascii() else idna.alabel(label).decode("ascii")
+            for label in normal.split(".")
+        ]
+    except (idna.IDNAError, UnicodeError):
         raise UrlRejected("has a host name that is not valid") from None
+    return normal, ".".join(labels)
+
+
+def _check_address(address: IPAddress, *, allow_private: bool) -> None:
+    """One policy with the sender's send-time guard: whatever it refuses is refused here."""
+    if not allow_private and is_blocked_ip(address):
+        raise UrlRejected(
+            "points to a private, loopback, link-local or reserved address; "
+            "webhooks go to public hosts"
+        )
+
+
+def _check_name(ascii_name: str, *, allow_private: bool) -> None:
     labels = ascii_name.split(".")
     if len(ascii_name) > 253 or not all(_LABEL.match(label) for label in labels):
         raise UrlRejected("has a host name that is not valid")
@@ -100,32 +137,14 @@ def _check_host(parts: SplitResult, *, allow_private: bool) -> None:
         raise UrlRejected("must use a fully qualified host name (e.g. hooks.example.com)")
 
 
-def _ip_literal(
-    host: str, *, bracketed: bool
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address when `host` is an IP literal; odd IPv4 notations are refused outright."""
-    if bracketed:
-        try:
-            return ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise UrlRejected("has an IPv6 address that is not valid") from None
+def _ip_literal(ascii_name: str) -> ipaddress.IPv4Address | None:
+    """The address when the host is an IPv4 literal; odd notations are refused outright."""
     try:
-        return ipaddress.IPv4Address(host)
+        return ipaddress.IPv4Address(ascii_name)
     except ValueError:
         pass
     # `2130706433`, `0x7f.1`, `127.1`, `0177.0.0.1` all reach 127.0.0.1 through
     # inet_aton; only the dotted-decimal form is accepted, so nothing hides a target.
-    if _NUMERIC_LABEL.match(host.rstrip(".").rsplit(".", 1)[-1]):
+    if _NUMERIC_LABEL.match(ascii_name.rsplit(".", 1)[-1]):
         raise UrlRejected("has an IP address in a non-standard notation; use a.b.c.d")
     return None
-
-
-def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Globally routable unicast (IPv4 inside IPv6 forms judged by the IPv4 address)."""
-    if isinstance(address, ipaddress.IPv6Address):
-        mapped = address.ipv4_mapped or address.sixtofour
-        if mapped is not None:
-            return _is_public(mapped)
-        if address.teredo is not None:
-            return False
-    return address.is_global and not (address.is_multicast or address.is_reserved)

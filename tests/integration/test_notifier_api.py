@@ -193,6 +193,34 @@ def test_dev_mode_admits_http_and_loopback(
     assert error_of(response)[:2] == (400, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://\uff11\uff12\uff17.\uff10.\uff10.\uff11/hook",  # fullwidth 127.0.0.1
+        "https://169\u3002254\u3002169\u3002254/latest",  # ideographic dots: metadata
+        "https://[fec0::1]/hook",  # site-local IPv6
+    ],
+)
+def test_hidden_private_targets_are_refused_at_creation_and_update(
+    notifier_client: FlaskClient, pg_db: Database, url: str
+) -> None:
+    # Given a tenant with a public endpoint
+    tenant = make_tenant(pg_db)
+    endpoint, _ = make_endpoint(notifier_client, tenant)
+    # When it registers, or moves the endpoint to, a private address in disguise
+    created = notifier_client.post(ENDPOINTS, json={**VALID, "url": url}, headers=tenant.headers)
+    moved = notifier_client.patch(
+        f"{ENDPOINTS}/{endpoint['id']}", json={"url": url}, headers=tenant.headers
+    )
+    # Then both are 400 naming the url, and nothing changed
+    for response in (created, moved):
+        status, code, message = error_of(response)
+        assert (status, code) == (400, "invalid_request"), message
+        assert "url" in response.get_json()["details"]["fields"]
+    listed = notifier_client.get(ENDPOINTS, headers=tenant.headers).get_json()
+    assert [e["url"] for e in listed["webhookEndpoints"]] == [endpoint["url"]]
+
+
 def test_a_tenant_has_at_most_the_endpoint_cap(
     notifier_client: FlaskClient, pg_db: Database, notifier_context: NotifierContext
 ) -> None:

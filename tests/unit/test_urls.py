@@ -114,3 +114,83 @@ def test_non_strings_are_refused() -> None:
         check_url(None, allow_private=False)
     with pytest.raises(UrlRejected):
         check_url("", allow_private=False)
+
+
+# -- hostile hosts: the check judges the host the way an HTTP client will read it -------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://\uff11\uff12\uff17.\uff10.\uff10.\uff11/hook",  # fullwidth digits: 127.0.0.1
+        "https://127\u30020\u30020\u30021/hook",  # ideographic full stops
+        "https://127\uff0e0\uff0e0\uff0e1/hook",  # fullwidth full stops
+        "https://10\uff610\uff610\uff611/hook",  # halfwidth ideographic full stops
+        "https://\uff11\uff16\uff19.\uff12\uff15\uff14.\uff11\uff16\uff19.\uff12\uff15\uff14/",
+        "https://\uff11\uff12\uff17.\uff11/",  # fullwidth 127.1
+        "https://localhost\u3002/hook",
+        "https://\uff4d\uff45\uff54\uff41\uff44\uff41\uff54\uff41.google.internal/",
+        "https://[fec0::1]/hook",  # site-local IPv6 (deprecated, still routed inside sites)
+        "https://[fec0::]/",
+        "https://[feff:ffff::1]/",
+        "https://[3fff::1]/",  # documentation (RFC 9637)
+        "https://[2001:db8::1]/",
+        "https://192.0.0.8/",
+        "https://192.88.99.1/",
+        "https://198.51.100.7/",
+        "https://[64:ff9b::a00:1]/",  # NAT64 of 10.0.0.1
+        "https://[64:ff9b:1::1]/",
+        "https://[::7f00:1]/",  # IPv4-compatible 127.0.0.1
+        "https://[fe80::1%25eth0]/",
+    ],
+)
+def test_non_public_hosts_in_any_spelling_are_refused(url: str) -> None:
+    # Given a URL whose host is a non-global address however it is written
+    # When it is checked outside dev, Then it is refused (twelve of these passed before)
+    with pytest.raises(UrlRejected):
+        check_url(url, allow_private=False)
+
+
+@pytest.mark.parametrize(
+    ("url", "normal"),
+    [
+        ("https://hooks\u3002example.com/x", "hooks.example.com"),
+        ("https://\uff48\uff4f\uff4f\uff4b\uff53.example.com/", "hooks.example.com"),
+        ("https://b\u00fccher\uff0eexample/hook", "b\u00fccher.example"),
+    ],
+)
+def test_public_hosts_in_a_non_normal_spelling_are_refused_with_the_normal_form(
+    url: str, normal: str
+) -> None:
+    # Given a public host written with fullwidth letters or ideographic dots, which the
+    # sender's HTTP client would not read the same way
+    # When it is checked, Then it is refused with the spelling to use instead
+    with pytest.raises(UrlRejected, match=normal):
+        check_url(url, allow_private=False)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://[2001:4860:4860::8888]/hook", "https://[64:ff9b::808:808]/", "https://1.1.1.1/"],
+)
+def test_global_literals_are_still_admitted(url: str) -> None:
+    assert check_url(url, allow_private=False) == url
+
+
+def test_the_creation_check_and_the_send_time_guard_agree() -> None:
+    # Given every address the send-time guard refuses in its tables
+    from services.notifier import sender
+
+    samples = [net.network_address + 1 for net in sender._NON_PUBLIC if net.num_addresses > 1]
+    samples += list(sender.METADATA_ADDRESSES)
+    for address in samples:
+        host = f"[{address}]" if address.version == 6 else str(address)
+        # Then the creation check refuses each as well
+        with pytest.raises(UrlRejected):
+            check_url(f"https://{host}/", allow_private=False)
+
+
+def test_dev_admits_site_local_but_not_a_non_normal_spelling() -> None:
+    assert check_url("https://[fec0::1]/", allow_private=True) == "https://[fec0::1]/"
+    with pytest.raises(UrlRejected, match=r"127\.0\.0\.1"):
+        check_url("http://127\u30020\u30020\u30021/", allow_private=True)
