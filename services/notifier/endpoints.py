@@ -35,6 +35,9 @@ from shared.timefmt import utcnow
 MAX_NAME_LENGTH = 100
 #: Longest overlap of an old secret after rotation (DESIGN.md: up to 24 h).
 MAX_SECRET_OVERLAP_S = 86400
+#: How long a rotated-out secret keeps signing when the caller does not say: a day, so
+#: receivers can switch without refusing deliveries (0 asks for an immediate cut-over).
+DEFAULT_SECRET_OVERLAP_S = MAX_SECRET_OVERLAP_S
 #: Why an endpoint is disabled: by PATCH, or by the engine after days of failures.
 DISABLED_MANUAL = "manual"
 #: `last_error` of deliveries cancelled because their endpoint was deleted.
@@ -250,7 +253,7 @@ def rotate_secret(
     endpoint: Endpoint,
     box: SecretBox,
     *,
-    previous_expires_in_s: int = 0,
+    previous_expires_in_s: int = DEFAULT_SECRET_OVERLAP_S,
     now: datetime | None = None,
 ) -> str:
     """A new secret; the current one stays valid `previous_expires_in_s` more (0: none).

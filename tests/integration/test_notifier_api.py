@@ -364,26 +364,55 @@ def test_delete_is_204_then_404_and_stops_unfinished_deliveries(
 # -- rotation -----------------------------------------------------------------------
 
 
-def test_rotation_without_overlap_retires_the_old_secret(
+def test_rotation_keeps_the_old_secret_24_hours_by_default(
+    notifier_client: FlaskClient, pg_db: Database, notifier_context: NotifierContext
+) -> None:
+    # Given an endpoint whose receivers know its secret
+    tenant = make_tenant(pg_db)
+    endpoint, old = make_endpoint(notifier_client, tenant)
+
+    # When its secret is rotated with no body at all (it used to cut over at once, so
+    # every receiver not yet updated started refusing deliveries)
+    before = utcnow()
+    response = notifier_client.post(
+        f"{ENDPOINTS}/{endpoint['id']}/rotate-secret", headers=tenant.headers
+    )
+
+    # Then a new secret is shown, and the old one keeps signing beside it for 24 h
+    assert response.status_code == 200
+    new = response.get_json()["secret"]
+    assert new.startswith("whsec_") and new != old
+    shown = response.get_json()["webhookEndpoint"]["previousSecretExpiresAt"]
+    expires = parse_iso(shown)
+    assert before + timedelta(hours=24) <= expires <= utcnow() + timedelta(hours=24)
+    row = endpoint_row(pg_db, endpoint["id"])
+    box = notifier_context.secret_box
+    assert signing_secrets(row, box, now=expires - timedelta(seconds=1)) == [new, old]
+    assert signing_secrets(row, box, now=expires + timedelta(seconds=1)) == [new]
+
+
+def test_rotation_with_zero_overlap_retires_the_old_secret(
     notifier_client: FlaskClient, pg_db: Database, notifier_context: NotifierContext
 ) -> None:
     # Given an endpoint
     tenant = make_tenant(pg_db)
     endpoint, old = make_endpoint(notifier_client, tenant)
 
-    # When its secret is rotated with no body at all
+    # When its secret is rotated asking for an immediate cut-over (a leaked secret)
     response = notifier_client.post(
-        f"{ENDPOINTS}/{endpoint['id']}/rotate-secret", headers=tenant.headers
+        f"{ENDPOINTS}/{endpoint['id']}/rotate-secret",
+        json={"previousSecretExpiresInSeconds": 0},
+        headers=tenant.headers,
     )
 
-    # Then a new secret is shown and only it signs
+    # Then only the new secret signs, and the old one is gone from the row
     assert response.status_code == 200
     new = response.get_json()["secret"]
-    assert new.startswith("whsec_") and new != old
     assert response.get_json()["webhookEndpoint"]["previousSecretExpiresAt"] is None
     row = endpoint_row(pg_db, endpoint["id"])
     assert signing_secrets(row, notifier_context.secret_box) == [new]
     assert old not in (row.previous_secret_encrypted or "")
+    assert row.previous_secret_encrypted is None
 
 
 def test_rotation_with_overlap_keeps_the_old_secret_until_it_expires(

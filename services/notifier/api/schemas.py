@@ -9,6 +9,7 @@ import marshmallow as ma
 
 from services.notifier.deliveries import MAX_RECOVER_WINDOW
 from services.notifier.endpoints import (
+    DEFAULT_SECRET_OVERLAP_S,
     ID_PATTERN,
     MAX_NAME_LENGTH,
     MAX_SECRET_OVERLAP_S,
@@ -138,11 +139,12 @@ class EndpointPatchSchema(Schema):
 
 class RotateSecretSchema(Schema):
     previous_secret_expires_in_seconds = StrictInteger(
-        load_default=0,
+        load_default=DEFAULT_SECRET_OVERLAP_S,
         validate=ma.validate.Range(min=0, max=MAX_SECRET_OVERLAP_S),
         metadata={
             "description": "How long the current secret keeps signing next to the new one "
-            f"(0..{MAX_SECRET_OVERLAP_S}); 0 retires it at once."
+            f"(0..{MAX_SECRET_OVERLAP_S}, default {DEFAULT_SECRET_OVERLAP_S}: a day); "
+            "0 retires it at once (a leaked secret)."
         },
     )
 
