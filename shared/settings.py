@@ -84,6 +84,49 @@ def env_mode(env: Mapping[str, str]) -> str:
     return mode
 
 
+#: Dev-only secret key, refused in production.
+DEV_SECRET_KEY = "settle-dev-secret-key-not-for-production"
+#: The command the docs and the error give for making a key (32 random bytes, base64url).
+MAKE_SECRET_KEY = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+_HEX_KEY = re.compile(r"[0-9a-fA-F]+")
+
+
+def secret_key_weakness(key: str) -> str | None:
+    """Why `key` is not at least 32 random bytes as text, or None when it may be.
+
+    A key must be as long as 32 random bytes written in hex (64 digits) or base64
+    (43 characters), and not be the dev default or a visibly repetitive string (fewer
+    distinct characters than random text of that length would all but surely have).
+    No check can tell a random-looking phrase from a random key: make it with
+    MAKE_SECRET_KEY.
+    """
+    if key.strip() == DEV_SECRET_KEY:
+        return "is the dev default"
+    hex_only = bool(_HEX_KEY.fullmatch(key))
+    shortest, fewest = (64, 10) if hex_only else (43, 16)
+    if len(key) < shortest:
+        form = "64 hex digits" if hex_only else "43 characters"
+        return f"is shorter than 32 random bytes ({form})"
+    if len(set(key)) < fewest:
+        return f"has only {len(set(key))} distinct characters: it is not random"
+    return None
+
+
+def env_secret_key(env: Mapping[str, str], mode: str) -> str:
+    """SETTLE_SECRET_KEY: required and strong in production; the dev default otherwise."""
+    key = env_str(env, "SETTLE_SECRET_KEY")
+    if mode != "production":
+        return key or DEV_SECRET_KEY
+    problem = "is required in production" if not key else secret_key_weakness(key)
+    if problem:
+        raise SettingsError(
+            f"SETTLE_SECRET_KEY {problem}; it must be at least 32 random bytes. "
+            f"Make one with: {MAKE_SECRET_KEY}"
+        )
+    assert key is not None
+    return key
+
+
 def data_dir(env: Mapping[str, str]) -> Path:
     return Path(env_str(env, "SETTLE_DATA_DIR", "./.settle") or "./.settle")
 

@@ -10,12 +10,14 @@ from pathlib import Path
 from services.core.deposits.settings import PipelineSettings
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
+    DEV_SECRET_KEY,
     SettingsError,
     data_dir,
     default_database_url,
     env_bool,
     env_float,
     env_mode,
+    env_secret_key,
     env_str,
     environ,
 )
@@ -65,6 +67,8 @@ class CoreConfig:
     deposits: PipelineSettings = field(default_factory=PipelineSettings)
     #: The base URL people open Settle at (portal links); None: the request's own.
     public_url: str | None = None
+    #: SETTLE_SECRET_KEY: encrypts what must not rest in plaintext (idempotency records).
+    secret_key: str = DEV_SECRET_KEY
 
     @property
     def is_dev(self) -> bool:
@@ -101,4 +105,5 @@ class CoreConfig:
             rate_limits=RateLimitConfig.from_env(env),
             deposits=PipelineSettings.from_env(env),
             public_url=_public_url(env),
+            secret_key=env_secret_key(env, mode),
         )

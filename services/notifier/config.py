@@ -16,6 +16,7 @@ from shared.settings import (
     env_float,
     env_int,
     env_mode,
+    env_secret_key,
     env_str,
     environ,
     parse_schedule,
@@ -23,8 +24,6 @@ from shared.settings import (
 
 #: Retry schedule of DESIGN.md: nine retries over about two days.
 DEFAULT_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,5h,10h,10h,24h"
-#: Dev-only secret key, refused in production.
-DEV_SECRET_KEY = "settle-dev-secret-key-not-for-production"
 
 
 @dataclass(frozen=True)
@@ -73,11 +72,7 @@ class NotifierConfig:
         env = environ() if env is None else env
         mode = env_mode(env)
         core_url = default_database_url(env)
-        secret_key = env_str(env, "SETTLE_SECRET_KEY")
-        if not secret_key:
-            if mode == "production":
-                raise SettingsError("SETTLE_SECRET_KEY is required in production")
-            secret_key = DEV_SECRET_KEY
+        secret_key = env_secret_key(env, mode)
         allow_private = env_bool(env, "SETTLE_WEBHOOK_ALLOW_PRIVATE", False)
         worker_threads = env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16)
         if allow_private and mode == "production":
