@@ -3,24 +3,37 @@
 A record is claimed (inserted, committed) before the view runs, so two concurrent
 requests with one key cannot both act: the second gets 409. Responses below 500
 are kept; after a 500 the claim is dropped so the client may retry.
+
+Records hold no secret in plaintext: a response (a webhook secret, an API key) is
+stored encrypted with a key derived from SETTLE_SECRET_KEY, and the request is
+remembered by a keyed HMAC, not a plain hash of a body that may carry a password.
+Records expire after 24 h: a claim ignores an older record, and every API process
+deletes expired rows, a bounded batch at a time, at most once a minute (after
+answering an idempotent request, so no request waits for it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from flask import Response, current_app, g, request
+from flask import Flask, Response, current_app, g, request
 from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db import Database, UTCDateTime, is_unique_violation
 from shared.errors import ApiError, Conflict, IdempotencyKeyReused, InvalidRequest, error_response
+from shared.secretbox import SecretBox, SecretDecryptError
 from shared.timefmt import utcnow
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,8 +41,14 @@ HEADER = "Idempotency-Key"
 #: How long a key is remembered.
 TTL = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
-#: Extension key under which an app keeps its own database.
-APP_DB = "settle.db"
+#: Extension key of the app's IdempotencyStore (see `install`).
+APP_STORE = "settle.idempotency"
+#: HKDF salt of the key that encrypts stored responses (never the webhook secrets' key).
+BOX_SALT = b"settle-idempotency-records"
+#: Each API process deletes expired records at most this often...
+PURGE_INTERVAL_S = 60.0
+#: ...and at most this many per round, so a backlog never makes one long transaction.
+PURGE_BATCH = 1000
 #: OpenAPI description of the header, for `blp.doc(parameters=[OPENAPI_PARAMETER])` on
 #: every idempotent POST (which also documents 400 for a bad key and 409).
 OPENAPI_PARAMETER = {
@@ -43,7 +62,11 @@ OPENAPI_PARAMETER = {
 
 
 class IdempotencyRecordMixin:
-    """Columns of an idempotency table; each service declares its own table."""
+    """Columns of an idempotency table; each service declares its own table.
+
+    `request_hash` is a keyed HMAC of the request, `response_body` a Fernet token of
+    the response (see the module doc).
+    """
 
     scope: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     key: Mapped[str] = mapped_column(sa.String(MAX_KEY_LENGTH), primary_key=True)
@@ -53,11 +76,75 @@ class IdempotencyRecordMixin:
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
 
-def _request_hash() -> str:
-    digest = hashlib.sha256()
-    digest.update(request.method.encode() + b" " + request.path.encode() + b"\n")
-    digest.update(request.get_data(cache=True))
-    return digest.hexdigest()
+@dataclass
+class IdempotencyStore:
+    """What the decorator needs from the app: its database, the box, the purge clock."""
+
+    db: Database
+    box: SecretBox
+    clock: Callable[[], float] = time.monotonic
+    _next_purge: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def purge_due(self) -> bool:
+        """True at most once per PURGE_INTERVAL_S (for one caller of this process)."""
+        with self._lock:
+            now = self.clock()
+            if now < self._next_purge:
+                return False
+            self._next_purge = now + PURGE_INTERVAL_S
+            return True
+
+    def purge(self, model: Any) -> None:
+        """Delete one batch of expired records; a full batch makes the next one due now.
+
+        Runs after a response was sent: a failure is logged and tried next round.
+        """
+        try:
+            deleted = purge_expired(self.db, model)
+        except sa.exc.SQLAlchemyError as err:
+            log.warning("could not delete expired idempotency records: %s", err)
+            return
+        if deleted:
+            log.info("deleted %d expired idempotency records", deleted)
+        if deleted >= PURGE_BATCH:
+            with self._lock:
+                self._next_purge = 0.0  # a backlog: keep going with the next request
+
+
+def install(app: Flask, db: Database, secret_key: str) -> None:
+    """Give `app` its idempotency records: in `db`, sealed with `secret_key`."""
+    app.extensions[APP_STORE] = IdempotencyStore(db, SecretBox(secret_key, salt=BOX_SALT))
+
+
+def purge_expired(
+    db: Database,
+    model: type[IdempotencyRecordMixin],
+    *,
+    now: datetime | None = None,
+    limit: int = PURGE_BATCH,
+) -> int:
+    """Delete up to `limit` records older than TTL, oldest first; return how many."""
+    cutoff = (now or utcnow()) - TTL
+    oldest = (
+        sa.select(model.scope, model.key)
+        .where(model.created_at < cutoff)
+        .order_by(model.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    with db.transaction() as session:
+        result = session.execute(
+            sa.delete(model)
+            .where(sa.tuple_(model.scope, model.key).in_(oldest))
+            .execution_options(synchronize_session=False)
+        )
+    return int(result.rowcount or 0)
+
+
+def _fingerprint(box: SecretBox) -> str:
+    message = request.method.encode() + b" " + request.path.encode() + b"\n"
+    return box.digest(message + request.get_data(cache=True))
 
 
 def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
@@ -71,10 +158,10 @@ def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
             if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isprintable():
                 raise InvalidRequest(f"{HEADER} must be 1..{MAX_KEY_LENGTH} printable characters")
-            db: Database = current_app.extensions[APP_DB]
+            store: IdempotencyStore = current_app.extensions[APP_STORE]
+            db, box = store.db, store.box
             scope = g.principal.tenant_id
-            fingerprint = _request_hash()
-            replay = _claim(db, model, scope, key, fingerprint)
+            replay = _claim(db, box, model, scope, key, _fingerprint(box))
             if replay is not None:
                 return replay
             try:
@@ -87,7 +174,9 @@ def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
             if response.status_code >= 500:
                 _release(db, model, scope, key)
             else:
-                _store(db, model, scope, key, response)
+                _store(db, box, model, scope, key, response)
+            if store.purge_due():
+                response.call_on_close(lambda: store.purge(model))
             return response
 
         return wrapper  # type: ignore[return-value]
@@ -95,7 +184,9 @@ def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
     return decorator
 
 
-def _claim(db: Database, model: Any, scope: str, key: str, fingerprint: str) -> Response | None:
+def _claim(
+    db: Database, box: SecretBox, model: Any, scope: str, key: str, fingerprint: str
+) -> Response | None:
     """Insert the claim; on a clash answer from the earlier request or refuse."""
     now = utcnow()
     for _ in range(2):
@@ -122,7 +213,7 @@ def _claim(db: Database, model: Any, scope: str, key: str, fingerprint: str) -> 
             if earlier.status_code is None:
                 raise Conflict(f"a request with {HEADER} {key!r} is still in progress")
             return Response(
-                earlier.response_body,
+                _open(box, key, earlier.response_body),
                 status=earlier.status_code,
                 mimetype="application/json",
                 headers={"Idempotent-Replayed": "true"},
@@ -130,14 +221,28 @@ def _claim(db: Database, model: Any, scope: str, key: str, fingerprint: str) -> 
     raise Conflict(f"a request with {HEADER} {key!r} is still in progress")
 
 
-def _store(db: Database, model: Any, scope: str, key: str, response: Response) -> None:
+def _open(box: SecretBox, key: str, sealed: str | None) -> str:
+    try:
+        return box.decrypt(sealed or "")
+    except SecretDecryptError:
+        # Written under another SETTLE_SECRET_KEY: running the request again could act
+        # twice, so refuse, as for a record we cannot match.
+        raise Conflict(
+            f"the first response to {HEADER} {key!r} cannot be read back (the secret key "
+            "changed); send the request with a new key"
+        ) from None
+
+
+def _store(
+    db: Database, box: SecretBox, model: Any, scope: str, key: str, response: Response
+) -> None:
     body = response.get_data(as_text=True)
     json.loads(body or "null")  # only JSON bodies are replayed
     with db.transaction() as session:
         session.execute(
             sa.update(model)
             .where(model.scope == scope, model.key == key)
-            .values(status_code=response.status_code, response_body=body)
+            .values(status_code=response.status_code, response_body=box.encrypt(body))
         )
 
 

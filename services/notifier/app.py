@@ -6,9 +6,8 @@ from flask import Flask
 
 from services.notifier.config import NotifierConfig
 from services.notifier.context import EXTENSION, NotifierContext
-from shared import ratelimit
+from shared import idempotency, ratelimit
 from shared.api import make_api
-from shared.idempotency import APP_DB
 from shared.identity.auth import IDENTITY_DB
 from shared.metrics import metrics_blueprint
 
@@ -22,7 +21,7 @@ def create_app(
     # static_folder=None: a JSON API serves no files (Flask would add /static/<path>).
     app = Flask("settle.notifier", static_folder=None)
     app.extensions[EXTENSION] = context
-    app.extensions[APP_DB] = context.db
+    idempotency.install(app, context.db, context.config.secret_key)
     app.extensions[IDENTITY_DB] = context.identity_db
 
     from services.notifier.api import deliveries, endpoints, status
