@@ -130,6 +130,10 @@ class RabbitPublisher:
         self._params.socket_timeout = connect_timeout_s
         self._params.blocked_connection_timeout = 30
         self._names = names or BusNames()
+        #: Stamped on every message as the AMQP `user_id`: RabbitMQ refuses a message whose
+        #: user_id is not the connection's user, so the consumer can tell core's events
+        #: from anyone else's (services/notifier/trust.py).
+        self.user_id: str | None = getattr(self._params.credentials, "username", None)
         self._params.client_properties = {
             "connection_name": f"settle outbox relay {self._names.prefix}".strip()
         }
@@ -267,6 +271,7 @@ class RabbitPublisher:
                         content_type="application/json",
                         message_id=event.event_id,
                         type=event.event_type,
+                        user_id=self.user_id,
                     ),
                     mandatory=True,
                 )

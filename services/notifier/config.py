@@ -62,6 +62,9 @@ class NotifierConfig:
     db_pool_size: int = 10
     #: Per-key and per-IP request limits (from_env: on; built in code: off).
     rate_limits: RateLimitConfig = RATE_LIMITS_OFF
+    #: The RabbitMQ user core's relay publishes as: events with another AMQP user_id are
+    #: dead-lettered (services/notifier/trust.py). guest suits dev and tests only.
+    core_amqp_user: str = "guest"
 
     @property
     def is_dev(self) -> bool:
@@ -104,6 +107,7 @@ class NotifierConfig:
             lease_margin_s=_seconds(env, "SETTLE_WEBHOOK_LEASE_MARGIN_S", 5.0, zero_ok=True),
             prefetch=_count(env, "SETTLE_NOTIFIER_PREFETCH", 64),
             rate_limits=RateLimitConfig.from_env(env),
+            core_amqp_user=env_str(env, "SETTLE_CORE_AMQP_USER", "guest") or "guest",
         )
 
 

@@ -30,6 +30,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pika.spec import Basic
 from sqlalchemy.dialects import postgresql, sqlite
 
+from services.notifier import trust
 from services.notifier.context import NotifierContext
 from services.notifier.deliveries import InvalidEvent, parse_envelope
 from services.notifier.models import ENABLED, PENDING, RETRYING, Delivery, Endpoint, StoredEvent
@@ -278,10 +279,12 @@ def run_consumer(
             if ready is not None:
                 ready.set()
             batch: list[tuple[Basic.Deliver, bytes]] = []
-            for method, _props, body in channel.consume(
+            for method, props, body in channel.consume(
                 names.notifier_queue, inactivity_timeout=IDLE_CHECK_S
             ):
-                if method is not None:
+                if method is not None and trust.admit(
+                    channel, method, props, ctx.config.core_amqp_user, engine.metrics
+                ):
                     assert body is not None
                     batch.append((method, body))
                     # Take what is already here, then store it in one transaction.

@@ -32,7 +32,7 @@ class NotifierMetrics:
         self.registry = registry or CollectorRegistry()
         self.events = Counter(
             "settle_notifier_events",
-            "Domain events taken from the bus, by result (stored, duplicate, malformed)",
+            "Domain events taken from the bus, by result (stored, duplicate, malformed, untrusted)",
             ["result"],
             registry=self.registry,
         )

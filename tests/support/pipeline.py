@@ -206,10 +206,14 @@ def running_pipeline(
     worker: bool = True,
     sweeper: bool = True,
     settings: EngineSettings | None = None,
+    names: BusNames | None = None,
     **config: Any,
 ) -> Iterator[Pipeline]:
-    """Start the parts asked for; stop them and delete the bus names, whatever happens."""
-    names = BusNames(unique_prefix())
+    """Start the parts asked for; stop them and delete the bus names, whatever happens.
+
+    `names`: the bus names to use (default: a prefix unique to this pipeline).
+    """
+    names = names or BusNames(unique_prefix())
     db = Database(pg_url, pool_size=12)
     ctx = NotifierContext.build(notifier_config(pg_url, **config), db=db, identity_db=db)
     settings = settings or EngineSettings(

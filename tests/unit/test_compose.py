@@ -33,7 +33,21 @@ SETTLE_COMMANDS = {
 }
 LONG_RUNNING = [name for name in SETTLE_COMMANDS if name != "migrate"]
 #: Variables compose must get from the environment / .env (no default).
-REQUIRED_VARS = {"SETTLE_SECRET_KEY", "SETTLE_DEPOSIT_XPUB"}
+REQUIRED_VARS = {
+    "SETTLE_SECRET_KEY",
+    "SETTLE_DEPOSIT_XPUB",
+    "SETTLE_AMQP_CORE_PASSWORD",
+    "SETTLE_AMQP_NOTIFIER_PASSWORD",
+}
+#: service -> the RabbitMQ user it connects as (None: no broker access at all).
+BUS_USERS = {
+    "migrate": None,
+    "core-api": None,
+    "core-worker": "settle-core",
+    "notifier-api": "settle-notifier",
+    "notifier-consumer": "settle-notifier",
+    "notifier-worker": "settle-notifier",
+}
 
 
 def load_render() -> ModuleType:
@@ -49,7 +63,13 @@ def load_render() -> ModuleType:
 
 
 def test_every_service_is_there() -> None:
-    assert set(SERVICES) == {"postgres", "rabbitmq", "ingress", *SETTLE_COMMANDS}
+    assert set(SERVICES) == {
+        "postgres",
+        "rabbitmq-definitions",
+        "rabbitmq",
+        "ingress",
+        *SETTLE_COMMANDS,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(SETTLE_COMMANDS))
@@ -67,15 +87,59 @@ def test_settle_services_share_the_environment(name: str) -> None:
     env = SERVICES[name]["environment"]
     assert env["SETTLE_ENV"] == "production"
     assert env["SETTLE_DATABASE_URL"] == "postgresql+psycopg://settle:settle@postgres:5432/settle"
-    assert env["SETTLE_AMQP_URL"] == "amqp://guest:guest@rabbitmq:5672/%2F"
     assert env["SETTLE_SECRET_KEY"].startswith("${SETTLE_SECRET_KEY:?")
     assert env["SETTLE_DEPOSIT_XPUB"].startswith("${SETTLE_DEPOSIT_XPUB:?")
-    assert env is SERVICES["core-api"]["environment"]  # one anchored block, not copies
+
+
+@pytest.mark.parametrize("name", sorted(SETTLE_COMMANDS))
+def test_each_service_speaks_to_rabbitmq_as_its_own_user(name: str) -> None:
+    env = SERVICES[name]["environment"]
+    user = BUS_USERS[name]
+    if user is None:
+        assert "SETTLE_AMQP_URL" not in env  # least privilege: no credentials at all
+        return
+    password = (
+        "SETTLE_AMQP_CORE_PASSWORD" if user == "settle-core" else "SETTLE_AMQP_NOTIFIER_PASSWORD"
+    )
+    assert env["SETTLE_AMQP_URL"].startswith(f"amqp://{user}:${{{password}:?")
+    assert env["SETTLE_AMQP_URL"].endswith("@rabbitmq:5672/%2F")
+    if user == "settle-notifier":
+        # The consumer trusts only events whose AMQP user_id is core's user
+        assert env["SETTLE_CORE_AMQP_USER"] == "settle-core"
+
+
+def test_no_service_uses_guest_and_the_broker_loads_the_definitions() -> None:
+    assert "guest" not in COMPOSE_TEXT
+    definitions = SERVICES["rabbitmq-definitions"]
+    assert definitions["image"].startswith("python:3.11")
+    assert definitions["restart"] == "no"
+    mounts = dict(v.rsplit(":", 2)[:2] for v in definitions["volumes"])
+    script = mounts["./deploy/rabbitmq/definitions.py"]
+    out = definitions["command"][definitions["command"].index("--out") + 1]
+    assert definitions["command"][:2] == ["python", script]
+    assert set(definitions["environment"]) == {
+        "SETTLE_AMQP_CORE_PASSWORD",
+        "SETTLE_AMQP_NOTIFIER_PASSWORD",
+    }
+    # The broker mounts the same volume and a conf.d file that loads what was written there
+    shared_volume = mounts.keys() - {"./deploy/rabbitmq/definitions.py"}
+    (volume,) = shared_volume
+    broker = SERVICES["rabbitmq"]
+    broker_mounts = dict(v.split(":")[:2] for v in broker["volumes"])
+    conf = (ROOT / "deploy/rabbitmq/rabbitmq.conf").read_text(encoding="utf-8")
+    assert broker_mounts["./deploy/rabbitmq/rabbitmq.conf"].startswith("/etc/rabbitmq/conf.d/")
+    loaded = re.search(r"^load_definitions = (\S+)$", conf, flags=re.M)
+    assert loaded, conf
+    assert loaded.group(1) == out.replace(mounts[volume], broker_mounts[volume], 1)
+    assert broker["depends_on"] == {
+        "rabbitmq-definitions": {"condition": "service_completed_successfully"}
+    }
 
 
 def test_anchors_keep_it_dry() -> None:
     assert "x-settle-env: &settle-env" in COMPOSE_TEXT
     assert COMPOSE_TEXT.count("SETTLE_DATABASE_URL:") == 1
+    assert COMPOSE_TEXT.count("SETTLE_AMQP_URL:") == 2  # one per bus user
 
 
 def test_start_order() -> None:
