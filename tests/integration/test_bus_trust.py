@@ -148,7 +148,6 @@ def _can_connect(url: str) -> bool:
 @pytest.fixture(scope="module")
 def pipeline(users: BusUsers) -> Iterator[Pipeline]:
     """Relay as core's user, consumer and workers as the notifier's, as in compose."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
     with (
         isolated_database("bus_trust") as url,
         running_pipeline(

@@ -19,7 +19,11 @@ from shared.settings import (
 from tests.support.keys import test_xpub as make_xpub
 
 #: What each service needs besides the key to start in production.
-BASE = {"SETTLE_ENV": "production", "SETTLE_DEPOSIT_XPUB": make_xpub()}
+BASE = {
+    "SETTLE_ENV": "production",
+    "SETTLE_DEPOSIT_XPUB": make_xpub(),
+    "SETTLE_DATABASE_URL": "postgresql+psycopg://settle@127.0.0.1:5432/settle",
+}
 WEAK = [
     DEV_SECRET_KEY,  # the dev default: public, in this repository
     f"  {DEV_SECRET_KEY}\n",
