@@ -80,13 +80,21 @@ class NotifierConfig:
         worker_threads = env_int(env, "SETTLE_NOTIFIER_WORKER_THREADS", 16)
         if allow_private and mode == "production":
             raise SettingsError("SETTLE_WEBHOOK_ALLOW_PRIVATE is for dev only")
+        amqp_url = env_str(env, "SETTLE_AMQP_URL")
+        core_amqp_user = env_str(env, "SETTLE_CORE_AMQP_USER")
+        if mode == "production" and amqp_url and core_amqp_user in (None, "guest"):
+            # Trusting guest would let anyone with the broker's default login forge events.
+            raise SettingsError(
+                "SETTLE_CORE_AMQP_USER must name the RabbitMQ user core publishes as "
+                "(not guest) in production: see deploy/README.md, The bus"
+            )
         return cls(
             database_url=env_str(env, "SETTLE_NOTIFIER_DATABASE_URL", core_url) or core_url,
             identity_database_url=env_str(env, "SETTLE_IDENTITY_DATABASE_URL", core_url)
             or core_url,
             secret_key=secret_key,
             env=mode,
-            amqp_url=env_str(env, "SETTLE_AMQP_URL"),
+            amqp_url=amqp_url,
             data_dir=data_dir(env),
             retry_schedule=parse_schedule(
                 env_str(env, "SETTLE_WEBHOOK_RETRY_SCHEDULE", DEFAULT_RETRY_SCHEDULE)
@@ -107,7 +115,7 @@ class NotifierConfig:
             lease_margin_s=_seconds(env, "SETTLE_WEBHOOK_LEASE_MARGIN_S", 5.0, zero_ok=True),
             prefetch=_count(env, "SETTLE_NOTIFIER_PREFETCH", 64),
             rate_limits=RateLimitConfig.from_env(env),
-            core_amqp_user=env_str(env, "SETTLE_CORE_AMQP_USER", "guest") or "guest",
+            core_amqp_user=core_amqp_user or "guest",
         )
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pika
+import pytest
 
 from services.core.config import CoreConfig
 from services.notifier.config import NotifierConfig
 from services.notifier.trust import untrusted_reason
 from shared.bus import RabbitPublisher
+from shared.settings import SettingsError
 
 
 def test_only_core_users_messages_are_trusted() -> None:
@@ -35,3 +37,17 @@ def test_core_amqp_user_setting() -> None:
     env = {"SETTLE_CORE_AMQP_USER": "settle-core"}
     assert NotifierConfig.from_env(env).core_amqp_user == "settle-core"
     assert CoreConfig.from_env({}).amqp_url is None
+
+
+def test_production_names_core_user_and_never_trusts_guest() -> None:
+    env = {
+        "SETTLE_ENV": "production",
+        "SETTLE_DATABASE_URL": "postgresql+psycopg://settle@127.0.0.1:5432/settle",
+        "SETTLE_SECRET_KEY": "k" + "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH",
+        "SETTLE_AMQP_URL": "amqp://settle-notifier:pw@rabbitmq:5672/%2F",
+    }
+    for unset_or_guest in ({}, {"SETTLE_CORE_AMQP_USER": "guest"}):
+        with pytest.raises(SettingsError, match="SETTLE_CORE_AMQP_USER"):
+            NotifierConfig.from_env({**env, **unset_or_guest})
+    named = NotifierConfig.from_env({**env, "SETTLE_CORE_AMQP_USER": "settle-core"})
+    assert named.core_amqp_user == "settle-core"
