@@ -103,6 +103,37 @@ def test_core_records_are_sealed_too(
     assert again.get_data() == first.get_data()
 
 
+def test_api_keys_members_and_portal_links_with_a_key_store_no_secret(
+    client: FlaskClient, tenant: TenantKeys, pg_db: Database
+) -> None:
+    # Given a new API key, a new member (with a password) and a portal link, each made
+    # with an Idempotency-Key (the key and the link are shown once; the password never)
+    def post(path: str, body: dict[str, Any], key: str) -> dict[str, Any]:
+        headers = {**tenant.headers, "Idempotency-Key": key}
+        answer = client.post(path, json=body, headers=headers)
+        assert answer.status_code == 200, answer.get_json()
+        again = client.post(path, json=body, headers=headers)
+        assert again.get_data() == answer.get_data()  # the retry answers the same
+        made: dict[str, Any] = answer.get_json()
+        return made
+
+    password = f"first password {uuid.uuid4().hex}"
+    made_key = post("/v1/api-keys", {"scopes": ["deposits:read"]}, "key-1")
+    post(
+        "/v1/members",
+        {"email": f"m-{uuid.uuid4().hex[:8]}@example.com", "role": "viewer", "password": password},
+        "member-1",
+    )
+    link = post("/v1/portal-links", {"role": "viewer"}, "link-1")
+    token = link["portalLink"]["url"].partition("#")[2]
+    # Then none of them is in the idempotency table in plaintext
+    records = _records(pg_db, IdempotencyRecord, tenant.tenant_id)
+    assert len(records) == 3
+    dumped = " ".join(_as_text(r) for r in records)
+    for secret in (made_key["secret"], password, token):
+        assert secret and secret not in dumped
+
+
 def test_purge_deletes_expired_records_in_bounded_batches(pg_db: Database) -> None:
     # Given five records older than 24 h and one fresh record, in a scope of their own
     scope = f"purge-{uuid.uuid4().hex[:12]}"
