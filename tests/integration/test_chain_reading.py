@@ -1,0 +1,427 @@
+"""The chain watcher against a hostile network: the in-process EVM served over HTTP
+(`EvmNode`), read through the fault-injecting proxy (`RpcProxy`), on PostgreSQL.
+
+Each test is a way a real node or a real chain misleads a watcher: a reorg that re-mines
+a transfer elsewhere, a logs backend behind the head or on a stale fork, a shorter new
+branch, a reorg deeper than the kept checkpoints, spam. The chain's depth is 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import sqlalchemy as sa
+from eth_account.signers.local import LocalAccount
+
+from services.core.chains import ChainRegistry
+from services.core.deposits import states
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import Settlement, SimulatedPayer
+from services.core.deposits.watcher import ChainWatcher
+from services.core.evm import TRANSFER_TOPIC, Web3ChainReader
+from services.core.models import OutboxEvent
+from shared.db import Database
+from tests.conftest import TenantKeys
+from tests.support.deposits import (
+    AccountRef,
+    DepositParts,
+    deposit_event_types,
+    deposit_parts,
+    deposits_of,
+    make_account,
+    small_registry,
+    unique_chain_id,
+)
+from tests.support.evm_chain import EvmChain
+from tests.support.evm_node import EvmNode
+from tests.support.rpc_proxy import RpcProxy
+
+pytestmark = pytest.mark.integration
+
+USDC = 10**6
+DEPTH = 3
+
+
+@dataclass
+class Rig:
+    evm: EvmChain
+    proxy: RpcProxy
+    token: str
+    registry: ChainRegistry
+    parts: DepositParts
+    account: AccountRef
+    customer: LocalAccount
+    other: LocalAccount
+    chain_id: int
+    start_block: int
+
+    @property
+    def address(self) -> str:
+        return self.account.address(self.chain_id)
+
+    def reader(self) -> Web3ChainReader:
+        return Web3ChainReader.from_url(self.proxy.url, 2.0)
+
+    def watcher(self, **options: int) -> ChainWatcher:
+        chain = self.registry.get(self.chain_id)
+        assert chain is not None
+        options.setdefault("lag_blocks", 0)
+        options.setdefault("start_block", self.start_block)
+        return ChainWatcher(self.parts.detection, chain, self.reader(), **options)
+
+    def send(self, amount_raw: int, *, to: str | None = None, token: str | None = None) -> str:
+        """A transfer from the customer, queued for the next mined block."""
+        return self.evm.transfer(token or self.token, self.customer, to or self.address, amount_raw)
+
+    def aside(self, amount_raw: int = 1) -> str:
+        """A transfer of the same token between strangers (it takes a log position)."""
+        return self.evm.transfer(self.token, self.other, self.other.address, amount_raw)
+
+
+@pytest.fixture(scope="module")
+def evm() -> EvmChain:
+    return EvmChain()
+
+
+@pytest.fixture(scope="module")
+def node(evm: EvmChain) -> Iterator[EvmNode]:
+    with EvmNode(evm) as served:
+        yield served
+
+
+def build_rig(evm: EvmChain, node_url: str, db: Database, tenant: TenantKeys) -> Iterator[Rig]:
+    token = evm.deploy_token("USDC", 6)
+    chain_id = unique_chain_id()
+    registry = small_registry(chain_id=chain_id, depth=DEPTH, usdc=token, min_deposit_usd=1.0)
+    settlement = Settlement(registry, payers={chain_id: SimulatedPayer()})
+    parts = deposit_parts(
+        db,
+        registry,
+        settlement=settlement,
+        settings=PipelineSettings(poll_s=0.0, ops_stuck_after_s=0.0),
+    )
+    customer, other = evm.new_account(), evm.new_account()
+    evm.mint(token, customer.address, 10**6 * USDC)
+    evm.mint(token, other.address, 10**6 * USDC)
+    account = make_account(
+        db, tenant.tenant_id, registry, dest_chain_id=chain_id, dest_token_address=token
+    )
+    with RpcProxy(node_url) as proxy:
+        yield Rig(
+            evm, proxy, token, registry, parts, account, customer, other, chain_id, evm.head() + 1
+        )
+
+
+@pytest.fixture
+def rig(evm: EvmChain, node: EvmNode, pg_db: Database, tenant: TenantKeys) -> Iterator[Rig]:
+    yield from build_rig(evm, node.url, pg_db, tenant)
+
+
+def tick(watcher: ChainWatcher, rounds: int = 1) -> None:
+    for _ in range(rounds):
+        watcher.tick()
+
+
+def failed_events(db: Database, tenant_id: str) -> int:
+    with db.reader() as session:
+        return int(
+            session.scalar(
+                sa.select(sa.func.count())
+                .select_from(OutboxEvent)
+                .where(
+                    OutboxEvent.tenant_id == tenant_id, OutboxEvent.event_type == "deposit.failed"
+                )
+            )
+            or 0
+        )
+
+
+# -- a transfer identity that survives reorgs -------------------------------------------------
+
+
+def test_transfer_re_mined_at_another_log_index_moves_its_deposit(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher()
+    w.tick()
+    # Given 100 USDC seen alone in its block (log index 0)
+    tx = rig.send(100 * USDC)
+    rig.evm.mine()
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    assert (seen.status, seen.log_index) == (states.SOURCE_SEEN, 0)
+    # When a reorg re-mines it in the same height behind another transfer (log index 1)
+    rig.evm.rewind(1)
+    rig.aside()
+    rig.evm.replay(tx)
+    rig.evm.mine()
+    tick(w, 2)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    # Then the one deposit moved and confirmed: no second deposit, no deposit.failed
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.id == seen.id and deposit.source_tx_hash == tx
+    assert (deposit.status, deposit.log_index) == (states.SOURCE_CONFIRMED, 1)
+    assert deposit.block_hash == rig.evm.block_hash(deposit.block_number or 0)
+    assert deposit_event_types(pg_db, deposit.id) == [
+        "deposit.source_seen",
+        "deposit.source_confirmed",
+    ]
+    assert failed_events(pg_db, rig.account.tenant_id) == 0
+
+
+def test_credited_transfer_re_mined_past_the_depth_is_never_a_second_deposit(
+    rig: Rig, pg_db: Database
+) -> None:
+    # (a checkpoint per block, so the watcher finds the fork point)
+    w = rig.watcher(max_range=1)
+    rig.evm.mine()
+    w.tick()
+    # Given 100 USDC seen, confirmed at depth and credited
+    tx = rig.send(100 * USDC)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert rig.parts.settling.settle(deposit.id) == states.CREDITED
+    # When a reorg deeper than the depth re-mines the transfer at another log position
+    rig.evm.rewind(DEPTH + 1)
+    rig.aside()
+    rig.evm.replay(tx)
+    rig.evm.mine(DEPTH + 2)
+    tick(w, 3)
+    # Then it is still one deposit, credited once
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.CREDITED and deposit.source_tx_hash == tx
+    assert deposit_event_types(pg_db, deposit.id).count("deposit.credited") == 1
+
+
+def test_vanished_transfer_is_failed_only_after_its_absence_reaches_the_depth(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher()
+    w.tick()
+    tx = rig.send(40 * USDC)
+    rig.evm.mine()
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    # When a reorg drops its block and the new branch does not have it (yet)
+    rig.evm.rewind(1)
+    rig.evm.mine()
+    tick(w, 2)
+    rig.evm.mine()
+    tick(w, 2)
+    # Then it waits: absent for two blocks is not yet gone
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_SEEN
+    # When the transfer is mined again a block later
+    rig.evm.replay(tx)
+    rig.evm.mine()
+    tick(w, 2)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    # Then the same deposit follows it and confirms; the tenant never heard "failed"
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.id == seen.id and deposit.status == states.SOURCE_CONFIRMED
+    assert deposit_event_types(pg_db, deposit.id) == [
+        "deposit.source_seen",
+        "deposit.source_confirmed",
+    ]
+
+
+def test_vanished_transfer_fails_reorged_once_absent_for_the_depth(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher()
+    w.tick()
+    rig.send(40 * USDC)
+    rig.evm.mine()
+    w.tick()
+    rig.evm.rewind(1)
+    for _ in range(DEPTH - 1):
+        rig.evm.mine()
+        tick(w, 2)
+        assert deposits_of(pg_db, rig.account)[0].status == states.SOURCE_SEEN
+    rig.evm.mine(2)
+    tick(w, 2)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert (deposit.status, deposit.failure_reason) == (states.FAILED, states.REASON_REORGED)
+    assert deposit_event_types(pg_db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
+
+
+def test_shorter_new_branch_does_not_fail_a_pending_deposit_before_a_rescan(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher()
+    w.tick()
+    # Given 25 USDC seen, one block under the head
+    tx = rig.send(25 * USDC)
+    rig.evm.mine(2)
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    # When both blocks are replaced by a branch one block long that still has the transfer
+    rig.evm.reorg(2, reinclude=[tx], length=1)
+    tick(w, 2)
+    # Then the deposit was not failed; it follows the transfer and confirms at depth
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.id == seen.id and deposit.status == states.SOURCE_SEEN
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert deposit.block_hash == rig.evm.block_hash(deposit.block_number or 0)
+    assert failed_events(pg_db, rig.account.tenant_id) == 0
+
+
+def test_ops_failing_a_deposit_as_reorged_does_not_let_its_transfer_count_again(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher(max_range=50)
+    rig.evm.mine()
+    w.tick()
+    # Given a deposit scanned in a range of two blocks
+    rig.send(60 * USDC)
+    rig.evm.mine(2)
+    w.tick()
+    (deposit,) = deposits_of(pg_db, rig.account)
+    # When ops fail it with the reason "reorged" (settle deposits fail --reason reorged)
+    rig.parts.ops.fail(deposit.id, "reorged", by="ops")
+    # And a reorg of the range's last block makes the watcher read the range again
+    rig.evm.rewind(1)
+    rig.evm.mine(DEPTH + 1)
+    tick(w, 3)
+    # Then the transfer is not recorded a second time
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert (deposit.status, deposit.failure_reason) == (states.FAILED, "reorged")
+
+
+# -- complete logs or none ---------------------------------------------------------------------
+
+
+def test_logs_backend_two_blocks_behind_does_not_lose_the_deposit(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given the default distance of one block, and a logs backend two blocks behind the
+    # node that answers the head (it answers [] past its own head, without an error)
+    rig.proxy.lag(2)
+    w = rig.watcher(lag_blocks=1)
+    w.tick()
+    # When 500 USDC arrive and the chain moves on
+    rig.send(500 * USDC)
+    for _ in range(DEPTH + 3):
+        rig.evm.mine()
+        w.tick()
+    # Then the deposit is recorded and confirmed all the same
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.amount_raw == str(500 * USDC)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert rig.proxy.count("eth_getLogs", "lagged") > 0
+
+
+def test_logs_from_a_stale_fork_are_refused_until_the_backend_agrees(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a transfer mined in block N, and the branch it is on captured
+    rig.evm.mine()
+    first = rig.evm.head() + 1
+    tx = rig.send(70 * USDC)
+    rig.evm.mine(2)
+    fork = rig.proxy.capture_fork(first)
+    # When a reorg re-mines it one block later, and the logs backend stays on the old branch
+    rig.evm.reorg(2, reinclude=[tx], skip=1, length=3)
+    rig.proxy.serve_fork(fork, methods=("eth_getLogs",))
+    w = rig.watcher(start_block=first)
+    tick(w, 2)
+    # Then nothing is recorded from logs whose block hashes the headers contradict
+    assert deposits_of(pg_db, rig.account) == []
+    # When the backend catches up with the canonical chain
+    rig.proxy.serve_fork(None)
+    tick(w, 2)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    # Then the transfer is one deposit in its canonical block, never failed
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.block_number == first + 1
+    assert deposit.block_hash == rig.evm.block_hash(first + 1)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert failed_events(pg_db, rig.account.tenant_id) == 0
+
+
+def test_reorg_deeper_than_the_checkpoints_rescans_from_the_real_fork_point(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a watcher scanning one block per range (a checkpoint per block)
+    w = rig.watcher(max_range=1)
+    rig.evm.mine(40)
+    tick(w, 3)
+    kept = DEPTH + 16
+    # When a reorg replaces more blocks than the checkpoints kept, and the new branch has
+    # a transfer in its first block
+    rig.evm.rewind(kept + 8)
+    tx = rig.send(33 * USDC)
+    rig.evm.mine(kept + 10)
+    tick(w, 6)
+    # Then the watcher found the real fork point and the transfer is recorded
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.source_tx_hash == tx
+
+
+# -- only real deposits --------------------------------------------------------------------
+
+
+def test_spam_zero_value_and_unknown_tokens_are_not_tenant_deposits(
+    rig: Rig, pg_db: Database
+) -> None:
+    junk = rig.evm.deploy_token("JUNK", 18)
+    rig.evm.mint(junk, rig.other.address, 10**30)
+    w = rig.watcher()
+    w.tick()
+    # Given one block with 12 transfers of an unknown token, a zero-value USDC transfer
+    # and one real deposit, all to the deposit address
+    for i in range(12):
+        rig.evm.transfer(junk, rig.other, rig.address, 10**18 + i)
+    rig.send(0)
+    real = rig.send(15 * USDC)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    # Then the tenant sees one deposit and one source_seen, and no manual review
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.source_tx_hash == real
+    with pg_db.reader() as session:
+        types = list(
+            session.scalars(
+                sa.select(OutboxEvent.event_type).where(
+                    OutboxEvent.tenant_id == rig.account.tenant_id,
+                    OutboxEvent.event_type.like("deposit.%"),
+                )
+            )
+        )
+    assert sorted(types) == ["deposit.source_confirmed", "deposit.source_seen"]
+
+
+def test_logs_are_asked_for_the_supported_tokens_and_matched_in_memory(
+    rig: Rig, pg_db: Database, tenant: TenantKeys
+) -> None:
+    # Given several accounts
+    for _ in range(3):
+        make_account(
+            pg_db,
+            tenant.tenant_id,
+            rig.registry,
+            dest_chain_id=rig.chain_id,
+            dest_token_address=rig.token,
+        )
+    w = rig.watcher()
+    rig.send(5 * USDC)
+    rig.evm.mine()
+    w.tick()
+    # Then each eth_getLogs names the supported token contracts and only the Transfer
+    # topic: no list of recipients, so the call count does not grow with the accounts
+    calls = [c for c in rig.proxy.calls if c.method == "eth_getLogs"]
+    assert calls
+    for call in calls:
+        spec = call.params[0]
+        assert [a.lower() for a in spec["address"]] == [rig.token.lower()]
+        assert spec["topics"] == [TRANSFER_TOPIC]
+    assert len(deposits_of(pg_db, rig.account)) == 1
