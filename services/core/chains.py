@@ -22,6 +22,9 @@ DEFAULT_CHAINS_FILE = Path(__file__).with_name("chains.toml")
 ACTIVE = "active"
 DECLARED = "declared"
 
+#: Block tags a chain's deposits may be confirmed at (JSON-RPC `eth_getBlockByNumber`).
+FINALITY_TAGS = ("finalized", "safe")
+
 
 @dataclass(frozen=True)
 class Asset:
@@ -42,6 +45,17 @@ class Chain:
     confirmations: int
     min_deposit_usd: Decimal | None
     assets: tuple[Asset, ...] = ()
+    #: The node's tag a deposit's block must be under before it counts (`finalized`,
+    #: `safe`), on top of `confirmations`; None: depth alone.
+    finality_tag: str | None = None
+    #: Depth that stands in for the tag when the node does not offer it: beyond the
+    #: chain's known reorgs (0: `confirmations`).
+    reorg_depth: int = 0
+
+    @property
+    def final_depth(self) -> int:
+        """Blocks a deposit needs on top when no finality tag can be read."""
+        return max(self.confirmations, self.reorg_depth)
 
     @property
     def is_active(self) -> bool:
@@ -109,6 +123,14 @@ def _assets(raw: Iterable[dict[str, object]], where: str) -> tuple[Asset, ...]:
     return tuple(assets)
 
 
+def _finality_tag(value: object, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if value not in FINALITY_TAGS:
+        raise ChainsFileError(f"{where}.finality_tag must be one of {', '.join(FINALITY_TAGS)}")
+    return str(value)
+
+
 def parse_chains(text: str) -> ChainRegistry:
     """Parse and check the TOML text of a chains file."""
     data = tomllib.loads(text)
@@ -133,11 +155,15 @@ def parse_chains(text: str) -> ChainRegistry:
                 if floor is None
                 else _decimal(floor, f"{where}.min_deposit_usd"),
                 assets=_assets(raw.get("assets", []), where) if status == ACTIVE else (),
+                finality_tag=_finality_tag(raw.get("finality_tag"), where),
+                reorg_depth=int(raw.get("reorg_depth", 0)),
             )
         except KeyError as missing:
             raise ChainsFileError(f"{where} lacks {missing}") from None
         if chain.confirmations < 1:
             raise ChainsFileError(f"{where}.confirmations must be at least 1")
+        if chain.reorg_depth < 0:
+            raise ChainsFileError(f"{where}.reorg_depth must not be negative")
         chains.append(chain)
     ids = [c.chain_id for c in chains]
     if len(set(ids)) != len(ids):

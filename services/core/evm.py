@@ -2,49 +2,50 @@
 
 Paying (signing and sending transfers) is `services.core.hot_wallet`.
 
-`ChainReader` is all the chain watcher needs from a node, so it can be unit-tested on
+`ChainReader` is all the chain watcher needs from a node, so it can be tested on
 `InMemoryChain` and run on `Web3ChainReader` (JSON-RPC) in production.
 
 Notes for callers (they hold for every reader here):
 
-- `transfers()` returns only ERC-20-shaped `Transfer` logs (3 topics, 32-byte data).
-  ERC-721 `Transfer` shares topic0 but has 4 topics; those are skipped.
-- The identity of a log is `(tx_hash, log_index)`, not `(block, log_index)`:
-  eth-tester numbers `logIndex` per transaction, real nodes per block. Results are
-  ordered by (block, transaction index, log index), which is (block, log_index) order
-  on a real node.
-- A range is read in several calls (block-span and address chunks), so a reorg can
-  happen mid-scan: compare block hashes before trusting a range.
+- `transfer_logs()` asks for the `Transfer` logs of given token contracts only (never a
+  list of recipients: the watcher matches recipients in memory, so one call covers a
+  range whatever the number of deposit addresses). It returns only ERC-20-shaped logs
+  (3 topics, 32-byte data); ERC-721 `Transfer` shares topic0 but has 4 topics.
+- Addresses in a `TransferLog` are lowercase: checksumming costs a keccak, and most logs
+  of a block are not deposits. Checksum the few that are.
+- `log_index` is the position in the block, as real nodes number it: a reorg that
+  re-mines a transaction elsewhere changes it. A transfer's identity is its transaction
+  and its place among the transaction's own transfers (see deposits/identity.py).
+- A range is read in several calls, so a reorg can happen mid-scan, and a load-balanced
+  provider may answer from a node behind the others (`[]` past its head, no error):
+  the watcher checks block hashes and asks by block hash before trusting a range.
+- JSON-RPC answers are decoded from the wire directly (not through web3's result
+  formatters), which is most of the cost of a busy block.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
-from web3.exceptions import (
-    BlockNotFound,
-    MethodUnavailable,
-    TransactionIndexingInProgress,
-    TransactionNotFound,
-    Web3RPCError,
-)
+from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 from web3.middleware import ExtraDataToPOAMiddleware
-from web3.types import FilterParams
+from web3.types import RPCEndpoint
 
 #: topic0 of `Transfer(address,address,uint256)` (ERC-20 and ERC-721 alike).
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
 
-#: Defaults that fit common providers' eth_getLogs limits (span and topic-list size).
+#: Default most blocks per eth_getLogs (common providers' span limits).
 DEFAULT_MAX_BLOCK_SPAN = 1_000
-DEFAULT_MAX_ADDRESSES_PER_CALL = 500
+#: Headers asked for in one JSON-RPC batch.
+HEADER_BATCH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class BlockRef:
 
 @dataclass(frozen=True, slots=True)
 class TransferLog:
+    """An ERC-20 `Transfer` log; addresses and hashes lowercase 0x-hex."""
+
     chain_id: int
     block_number: int
     block_hash: str
@@ -64,14 +67,30 @@ class TransferLog:
     from_address: str
     to_address: str
     amount_raw: int
+    #: The transaction's position in its block.
+    tx_index: int = 0
 
 
 class ChainIdMismatch(RuntimeError):
     """The node serves a different chain than the one it was configured for."""
 
 
+class NodeError(RuntimeError):
+    """The node answered a call with a JSON-RPC error."""
+
+    def __init__(self, method: str, code: int, message: str) -> None:
+        super().__init__(f"{method}: {code} {message}")
+        self.code = code
+        self.message = message
+
+
 class ChainReader(Protocol):
     """What the chain watcher reads from one chain."""
+
+    @property
+    def chain_id(self) -> int:
+        """The chain the node serves."""
+        ...
 
     def head(self) -> int:
         """Number of the latest block."""
@@ -81,14 +100,25 @@ class ChainReader(Protocol):
         """The canonical block at `number`, or None past the head."""
         ...
 
-    def transfers(
-        self,
-        from_block: int,
-        to_block: int,
-        token_addresses: Sequence[str] | None,
-        to_addresses: Sequence[str],
+    def block_hashes(self, numbers: Iterable[int]) -> dict[int, str]:
+        """Canonical hashes at these heights (heights past the head are left out)."""
+        ...
+
+    def tagged_block(self, tag: str) -> BlockRef | None:
+        """The block a tag (`finalized`, `safe`) names, or None when the node lacks it."""
+        ...
+
+    def transfer_logs(
+        self, from_block: int, to_block: int, tokens: Sequence[str] | None
     ) -> list[TransferLog]:
-        """ERC-20 Transfer logs to `to_addresses` in [from_block, to_block]; any token if None."""
+        """ERC-20 Transfer logs of `tokens` (None: any contract) in [from_block, to_block]."""
+        ...
+
+    def block_transfer_logs(
+        self, block_hash: str, tokens: Sequence[str] | None
+    ) -> list[TransferLog] | None:
+        """The Transfer logs of one block asked by its hash; None when the node does not
+        have that block (a node behind answers an error here, never a silent `[]`)."""
         ...
 
     def gas_price_wei(self) -> int:
@@ -109,31 +139,25 @@ def _checksum(lower: str) -> str:
     return to_checksum_address(lower)
 
 
+def checksum(address: str) -> str:
+    """The EIP-55 form of an address (cached)."""
+    return _checksum(address.lower())
+
+
 def _lower_address(value: str) -> str:
     if not isinstance(value, str) or not _ADDRESS_RE.fullmatch(value):
         raise ValueError(f"not a 20-byte 0x-hex address: {value!r}")
     return value.lower()
 
 
-def _address_list(name: str, values: Sequence[str]) -> list[str]:
-    """Sorted, de-duplicated lowercase addresses."""
+def token_list(tokens: Sequence[str] | None) -> list[str] | None:
+    """Sorted, de-duplicated lowercase token addresses (None: any contract)."""
+    if tokens is None:
+        return None
     # A bare string is a Sequence[str] too; iterating it would query single characters.
-    if isinstance(values, str):
-        raise TypeError(f"{name} must be a sequence of addresses, not a string")
-    return sorted({_lower_address(v) for v in values})
-
-
-def _pad_address_topic(lower: str) -> str:
-    return "0x" + "00" * 12 + lower[2:]
-
-
-def _topic_address(topic: Any) -> str:
-    return _checksum("0x" + bytes(HexBytes(topic))[-20:].hex())
-
-
-def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+    if isinstance(tokens, str):
+        raise TypeError("tokens must be a sequence of addresses, not a string")
+    return sorted({_lower_address(t) for t in tokens})
 
 
 def hex0x(value: Any) -> str:
@@ -144,15 +168,24 @@ def hex0x(value: Any) -> str:
     return HexBytes(value).to_0x_hex()
 
 
-def _transfer_filter(
-    from_block: int, token_addresses: Sequence[str] | None, to_addresses: Sequence[str]
-) -> tuple[list[str], list[str] | None]:
-    """`ChainReader.transfers`' arguments checked: (recipients, tokens or None for any)."""
-    if from_block < 0:
-        raise ValueError(f"from_block must be >= 0, got {from_block}")
-    recipients = _address_list("to_addresses", to_addresses)
-    tokens = None if token_addresses is None else _address_list("tokens", token_addresses)
-    return recipients, tokens
+def decode_transfer(chain_id: int, log: dict[str, Any]) -> TransferLog | None:
+    """A wire-format log as a TransferLog, or None when it is not an ERC-20 Transfer."""
+    topics = log.get("topics") or ()
+    data = log.get("data") or ""
+    if len(topics) != 3 or len(data) != 66 or log.get("removed"):
+        return None
+    return TransferLog(
+        chain_id=chain_id,
+        block_number=int(log["blockNumber"], 16),
+        block_hash=log["blockHash"].lower(),
+        tx_hash=log["transactionHash"].lower(),
+        log_index=int(log["logIndex"], 16),
+        token_address=log["address"].lower(),
+        from_address="0x" + topics[1][-40:].lower(),
+        to_address="0x" + topics[2][-40:].lower(),
+        amount_raw=int(data, 16),
+        tx_index=int(log["transactionIndex"], 16),
+    )
 
 
 def connect(url: str, timeout: float) -> Web3:
@@ -177,7 +210,7 @@ def receipt_status(w3: Web3, tx_hash: str) -> tuple[int, int] | None:
 
 
 class Web3ChainReader(ChainReader):
-    """ChainReader over a `web3.Web3` (HTTP JSON-RPC, or EthereumTesterProvider in tests)."""
+    """ChainReader over a JSON-RPC node (`web3.HTTPProvider`), reading wire JSON directly."""
 
     def __init__(
         self,
@@ -185,13 +218,11 @@ class Web3ChainReader(ChainReader):
         chain_id: int | None = None,
         *,
         max_block_span: int = DEFAULT_MAX_BLOCK_SPAN,
-        max_addresses_per_call: int = DEFAULT_MAX_ADDRESSES_PER_CALL,
     ) -> None:
-        if max_block_span < 1 or max_addresses_per_call < 1:
-            raise ValueError("max_block_span and max_addresses_per_call must be >= 1")
+        if max_block_span < 1:
+            raise ValueError("max_block_span must be >= 1")
         self.w3 = w3
         self.max_block_span = max_block_span
-        self.max_addresses_per_call = max_addresses_per_call
         self._configured_chain_id = chain_id
         self._chain_id: int | None = None
         #: eth_getLogs calls made (bisection retries included), for metrics and tests.
@@ -204,11 +235,20 @@ class Web3ChainReader(ChainReader):
         """A reader over the JSON-RPC node at `url`."""
         return cls(connect(url, timeout), chain_id, **kwargs)
 
+    def _call(self, method: str, params: list[Any]) -> Any:
+        response = self.w3.provider.make_request(RPCEndpoint(method), params)
+        error = response.get("error")
+        if error is not None:
+            if isinstance(error, dict):
+                raise NodeError(method, int(error.get("code", 0)), str(error.get("message")))
+            raise NodeError(method, 0, str(error))
+        return response.get("result")
+
     @property
     def chain_id(self) -> int:
         """The node's chain id, checked once against the configured one."""
         if self._chain_id is None:
-            actual = int(self.w3.eth.chain_id)
+            actual = int(self._call("eth_chainId", []), 16)
             expected = self._configured_chain_id
             # A wrong RPC URL would otherwise credit deposits to the wrong chain.
             if expected is not None and actual != expected:
@@ -218,110 +258,121 @@ class Web3ChainReader(ChainReader):
 
     def head(self) -> int:
         """Number of the latest block."""
-        return int(self.w3.eth.block_number)
+        return int(self._call("eth_blockNumber", []), 16)
 
     def block(self, number: int) -> BlockRef | None:
         """The canonical block at `number`, or None past the head."""
         if number < 0:
             raise ValueError(f"block number must be >= 0, got {number}")
+        blk = self._call("eth_getBlockByNumber", [hex(number), False])
+        return None if blk is None else BlockRef(int(blk["number"], 16), blk["hash"].lower())
+
+    def block_hashes(self, numbers: Iterable[int]) -> dict[int, str]:
+        """Canonical hashes at these heights, asked in JSON-RPC batches."""
+        wanted = sorted(set(numbers))
+        hashes: dict[int, str] = {}
+        for i in range(0, len(wanted), HEADER_BATCH):
+            chunk = wanted[i : i + HEADER_BATCH]
+            if len(chunk) == 1:
+                ref = self.block(chunk[0])
+                if ref is not None:
+                    hashes[ref.number] = ref.hash
+                continue
+            requests = [(RPCEndpoint("eth_getBlockByNumber"), [hex(n), False]) for n in chunk]
+            answers = self.w3.provider.make_batch_request(requests)
+            if not isinstance(answers, list):  # the provider refused the batch
+                for n in chunk:
+                    ref = self.block(n)
+                    if ref is not None:
+                        hashes[n] = ref.hash
+                continue
+            for n, answer in zip(chunk, answers, strict=True):
+                if answer.get("error") is not None:
+                    raise NodeError("eth_getBlockByNumber", 0, str(answer["error"]))
+                blk = answer.get("result")
+                if blk is not None:
+                    hashes[n] = blk["hash"].lower()
+        return hashes
+
+    def tagged_block(self, tag: str) -> BlockRef | None:
+        """The `finalized` / `safe` block, or None when the node does not offer the tag."""
         try:
-            blk = self.w3.eth.get_block(number)
-        except BlockNotFound:
+            blk = self._call("eth_getBlockByNumber", [tag, False])
+        except NodeError:
             return None
-        return BlockRef(int(blk["number"]), hex0x(blk["hash"]))
+        return None if blk is None else BlockRef(int(blk["number"], 16), blk["hash"].lower())
 
     def gas_price_wei(self) -> int:
         """The node's eth_gasPrice."""
-        return int(self.w3.eth.gas_price)
+        return int(self._call("eth_gasPrice", []), 16)
 
     def receipt_status(self, tx_hash: str) -> tuple[int, int] | None:
         """(status, block number) of a mined transaction, or None if not mined."""
         return receipt_status(self.w3, tx_hash)
 
-    def transfers(
-        self,
-        from_block: int,
-        to_block: int,
-        token_addresses: Sequence[str] | None,
-        to_addresses: Sequence[str],
+    def transfer_logs(
+        self, from_block: int, to_block: int, tokens: Sequence[str] | None
     ) -> list[TransferLog]:
-        """ERC-20 Transfer logs to `to_addresses` in [from_block, to_block]; any token if None."""
-        recipients, tokens = _transfer_filter(from_block, token_addresses, to_addresses)
-        # An empty filter must mean "nothing", never "everything" (which is what an
-        # absent address/topic filter means to eth_getLogs).
-        if from_block > to_block or not recipients or tokens == []:
+        """ERC-20 Transfer logs of `tokens` (None: any contract) in [from_block, to_block]."""
+        if from_block < 0:
+            raise ValueError(f"from_block must be >= 0, got {from_block}")
+        contracts = token_list(tokens)
+        # An empty list must mean "nothing", never "everything" (what an absent address
+        # filter means to eth_getLogs).
+        if from_block > to_block or contracts == []:
             return []
         chain_id = self.chain_id
-        topics = [_pad_address_topic(a) for a in recipients]
-        raw: list[Any] = []
+        logs: list[TransferLog] = []
         for start in range(from_block, to_block + 1, self.max_block_span):
             end = min(start + self.max_block_span - 1, to_block)
-            for chunk in _chunks(topics, self.max_addresses_per_call):
-                raw.extend(self._get_logs(start, end, tokens, chunk))
-        keyed: list[tuple[tuple[int, int, int], TransferLog]] = []
-        for log in raw:
-            t = self._decode(chain_id, log)
-            if t is not None:
-                # The transaction index keeps the order right where logIndex restarts
-                # in every transaction (eth-tester).
-                tx_index = int(log.get("transactionIndex") or 0)
-                keyed.append(((t.block_number, tx_index, t.log_index), t))
-        keyed.sort(key=lambda kt: kt[0])
-        return [t for _, t in keyed]
+            for raw in self._get_logs({"fromBlock": hex(start), "toBlock": hex(end)}, contracts):
+                transfer = decode_transfer(chain_id, raw)
+                if transfer is not None:
+                    logs.append(transfer)
+        logs.sort(key=_position)
+        return logs
 
-    def _get_logs(
-        self, start: int, end: int, tokens: list[str] | None, topics: Sequence[str]
-    ) -> list[Any]:
-        params: dict[str, Any] = {
-            "fromBlock": start,
-            "toBlock": end,
-            "topics": [TRANSFER_TOPIC, None, list(topics)],
-        }
-        if tokens is not None:
-            params["address"] = [_checksum(t) for t in tokens]
+    def block_transfer_logs(
+        self, block_hash: str, tokens: Sequence[str] | None
+    ) -> list[TransferLog] | None:
+        """One block's Transfer logs by its hash; None when the node answers an error."""
+        contracts = token_list(tokens)
+        if contracts == []:
+            return []
+        chain_id = self.chain_id
+        params: dict[str, Any] = {"blockHash": block_hash, "topics": [TRANSFER_TOPIC]}
+        if contracts is not None:
+            params["address"] = [_checksum(t) for t in contracts]
         self.get_logs_calls += 1
         try:
-            return list(self.w3.eth.get_logs(cast(FilterParams, params)))
-        except MethodUnavailable:
-            raise
-        except Web3RPCError:
-            # Providers reject queries with too many results or too wide a range with
-            # assorted messages; halving (range first, then addresses) gets under any cap.
-            if end > start:
-                mid = (start + end) // 2
-                return self._get_logs(start, mid, tokens, topics) + self._get_logs(
-                    mid + 1, end, tokens, topics
-                )
-            if len(topics) > 1:
-                half = len(topics) // 2
-                return self._get_logs(start, end, tokens, topics[:half]) + self._get_logs(
-                    start, end, tokens, topics[half:]
-                )
-            raise
-
-    @staticmethod
-    def _is_erc20(log: Any) -> bool:
-        return (
-            not log.get("removed", False)
-            and len(log["topics"]) == 3
-            and len(HexBytes(log["data"])) == 32
-        )
-
-    def _decode(self, chain_id: int, log: Any) -> TransferLog | None:
-        if not self._is_erc20(log):
+            raw = self._call("eth_getLogs", [params])
+        except NodeError:
             return None
-        topics = log["topics"]
-        return TransferLog(
-            chain_id=chain_id,
-            block_number=int(log["blockNumber"]),
-            block_hash=hex0x(log["blockHash"]),
-            tx_hash=hex0x(log["transactionHash"]),
-            log_index=int(log["logIndex"]),
-            token_address=_checksum(str(log["address"]).lower()),
-            from_address=_topic_address(topics[1]),
-            to_address=_topic_address(topics[2]),
-            amount_raw=int.from_bytes(HexBytes(log["data"]), "big"),
-        )
+        logs = [t for t in (decode_transfer(chain_id, r) for r in raw) if t is not None]
+        logs.sort(key=_position)
+        return logs
+
+    def _get_logs(self, span: dict[str, str], contracts: list[str] | None) -> list[Any]:
+        params: dict[str, Any] = {**span, "topics": [TRANSFER_TOPIC]}
+        if contracts is not None:
+            params["address"] = [_checksum(t) for t in contracts]
+        self.get_logs_calls += 1
+        try:
+            return list(self._call("eth_getLogs", [params]))
+        except NodeError as exc:
+            # Providers refuse too many results or too wide a range with assorted
+            # messages; halving the range gets under any cap. -32601: no such method.
+            start, end = int(span["fromBlock"], 16), int(span["toBlock"], 16)
+            if exc.code == -32601 or end <= start:
+                raise
+            mid = (start + end) // 2
+            return self._get_logs(
+                {"fromBlock": hex(start), "toBlock": hex(mid)}, contracts
+            ) + self._get_logs({"fromBlock": hex(mid + 1), "toBlock": hex(end)}, contracts)
+
+
+def _position(log: TransferLog) -> tuple[int, int]:
+    return (log.block_number, log.log_index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,19 +394,40 @@ class _FakeBlock:
 
 
 class InMemoryChain(ChainReader):
-    """A deterministic pure-Python chain for unit tests: mine, transfer, reorg."""
+    """A deterministic pure-Python chain for tests and benchmarks: mine, transfer, reorg.
 
-    def __init__(self, chain_id: int = 1, *, gas_price_wei: int = 1_000_000_000) -> None:
-        self.chain_id = chain_id
+    `finalized_depth` / `safe_depth`: the node offers that tag at that many blocks under
+    the head (None: it does not offer it, as on a node or chain without finality).
+    """
+
+    def __init__(
+        self,
+        chain_id: int = 1,
+        *,
+        gas_price_wei: int = 1_000_000_000,
+        finalized_depth: int | None = None,
+        safe_depth: int | None = None,
+    ) -> None:
+        self._chain_id = chain_id
         #: Settable: what gas_price_wei() returns.
         self.gas_price = gas_price_wei
+        self.tag_depths: dict[str, int | None] = {
+            "finalized": finalized_depth,
+            "safe": safe_depth,
+        }
         self._lock = threading.RLock()
         self._fork = 0
         self._tx_counter = 0
         self._pending: list[_FakeTx] = []
+        #: Transfers reorgs dropped (not re-queued), for `replay`.
+        self._dropped: dict[str, _FakeTx] = {}
         self._failures: list[BaseException] = []
         self._blocks: list[_FakeBlock] = []
         self._append_block(())
+
+    @property
+    def chain_id(self) -> int:
+        return self._chain_id
 
     # -- driving the fake -------------------------------------------------------------
 
@@ -371,9 +443,9 @@ class InMemoryChain(ChainReader):
             self._pending.append(
                 _FakeTx(
                     tx_hash,
-                    _checksum(_lower_address(token)),
-                    _checksum(_lower_address(frm)),
-                    _checksum(_lower_address(to)),
+                    _lower_address(token),
+                    _lower_address(frm),
+                    _lower_address(to),
                     amount_raw,
                     reverted,
                 )
@@ -391,12 +463,15 @@ class InMemoryChain(ChainReader):
                 mined.append(self._append_block(txs))
             return mined
 
-    def reorg(self, depth: int, *, reinclude: bool = False) -> list[BlockRef]:
-        """Replace the last `depth` blocks with empty ones of new hashes.
+    def reorg(
+        self, depth: int, *, reinclude: bool = False, length: int | None = None
+    ) -> list[BlockRef]:
+        """Replace the last `depth` blocks with `length` (default `depth`) empty ones.
 
         Their transfers vanish, or with `reinclude` go back to the queue for the next
         mined block (as a real reorg usually re-includes them higher up).
         """
+        length = depth if length is None else length
         with self._lock:
             if not 1 <= depth <= self.head():
                 raise ValueError(f"depth must be in [1, {self.head()}], got {depth}")
@@ -406,7 +481,20 @@ class InMemoryChain(ChainReader):
             self._fork += 1
             if reinclude:
                 self._pending = [tx for b in dropped for tx in b.txs] + self._pending
-            return [self._append_block(()) for _ in range(depth)]
+            else:
+                self._dropped.update((tx.tx_hash, tx) for b in dropped for tx in b.txs)
+            return [self._append_block(()) for _ in range(length)]
+
+    def replay(self, tx_hash: str) -> None:
+        """Queue again a transfer a reorg dropped (mined later, as mempools do)."""
+        wanted = hex0x(tx_hash)
+        with self._lock:
+            if any(tx.tx_hash == wanted for b in self._blocks for tx in b.txs):
+                raise ValueError(f"{tx_hash} is on the chain")
+            try:
+                self._pending.append(self._dropped.pop(wanted))
+            except KeyError:
+                raise ValueError(f"{tx_hash} was not dropped by a reorg") from None
 
     def fail_next(self, exc: BaseException, times: int = 1) -> None:
         """Make the next `times` reader calls raise `exc` (a node outage, say)."""
@@ -432,26 +520,54 @@ class InMemoryChain(ChainReader):
             b = self._blocks[number]
             return BlockRef(b.number, b.hash)
 
-    def transfers(
-        self,
-        from_block: int,
-        to_block: int,
-        token_addresses: Sequence[str] | None,
-        to_addresses: Sequence[str],
+    def block_hashes(self, numbers: Iterable[int]) -> dict[int, str]:
+        """Canonical hashes at these heights (heights past the head are left out)."""
+        with self._lock:
+            self._maybe_fail()
+            blocks = self._blocks
+            return {n: blocks[n].hash for n in numbers if 0 <= n < len(blocks)}
+
+    def tagged_block(self, tag: str) -> BlockRef | None:
+        """The tagged block, when this fake offers the tag."""
+        depth = self.tag_depths.get(tag)
+        if depth is None:
+            return None
+        with self._lock:
+            self._maybe_fail()
+            b = self._blocks[max(0, len(self._blocks) - 1 - depth)]
+            return BlockRef(b.number, b.hash)
+
+    def transfer_logs(
+        self, from_block: int, to_block: int, tokens: Sequence[str] | None
     ) -> list[TransferLog]:
-        """ERC-20 Transfer logs to `to_addresses` in [from_block, to_block]; any token if None."""
-        wanted, token_list = _transfer_filter(from_block, token_addresses, to_addresses)
-        recipients = set(wanted)
-        tokens = None if token_list is None else set(token_list)
+        """ERC-20 Transfer logs of `tokens` (None: any contract) in [from_block, to_block]."""
+        if from_block < 0:
+            raise ValueError(f"from_block must be >= 0, got {from_block}")
+        contracts = token_list(tokens)
+        if contracts == []:
+            return []
+        wanted = None if contracts is None else set(contracts)
         with self._lock:
             self._maybe_fail()
             return [
                 log
                 for b in self._blocks[from_block : to_block + 1]
                 for log in b.logs
-                if log.to_address.lower() in recipients
-                and (tokens is None or log.token_address.lower() in tokens)
+                if wanted is None or log.token_address in wanted
             ]
+
+    def block_transfer_logs(
+        self, block_hash: str, tokens: Sequence[str] | None
+    ) -> list[TransferLog] | None:
+        """A canonical block's Transfer logs by hash; None for a hash not on the chain."""
+        contracts = token_list(tokens)
+        wanted = None if contracts is None else set(contracts)
+        with self._lock:
+            self._maybe_fail()
+            for b in reversed(self._blocks):
+                if b.hash == block_hash:
+                    return [log for log in b.logs if wanted is None or log.token_address in wanted]
+            return None
 
     def gas_price_wei(self) -> int:
         """The settable fake gas price."""
@@ -482,7 +598,7 @@ class InMemoryChain(ChainReader):
         seed = f"{self.chain_id}:{number}:{self._fork}:{parent}:" + ",".join(t.tx_hash for t in txs)
         block_hash = hex0x(keccak(text=seed))
         logs: list[TransferLog] = []
-        for tx in txs:
+        for index, tx in enumerate(txs):
             if tx.reverted:
                 continue  # a reverted transfer leaves a receipt but no log
             logs.append(
@@ -496,6 +612,7 @@ class InMemoryChain(ChainReader):
                     from_address=tx.frm,
                     to_address=tx.to,
                     amount_raw=tx.amount_raw,
+                    tx_index=index,
                 )
             )
         self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs)))

@@ -41,8 +41,16 @@ def test_executor_moves_tokens_from_a_hot_wallet(chain: EvmChain) -> None:
 
     sent = chain.w3.eth.get_transaction(HexBytes(tx_hash))
     assert sent["type"] == 2 and sent["chainId"] == chain.chain_id
-    (log,) = chain.reader().transfers(block_number, block_number, [usdc], [dest])
-    assert (log.tx_hash, log.from_address, log.amount_raw) == (tx_hash, hot.address, 25_000_000)
+    (log,) = [
+        t
+        for t in chain.reader().transfer_logs(block_number, block_number, [usdc])
+        if t.to_address == dest.lower()
+    ]
+    assert (log.tx_hash, log.from_address, log.amount_raw) == (
+        tx_hash,
+        hot.address.lower(),
+        25_000_000,
+    )
 
 
 def test_executor_uses_legacy_gas_price_without_base_fee(

@@ -18,7 +18,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import MethodUnavailable, TransactionNotFound, Web3RPCError
 
-from services.core.evm import Web3ChainReader, connect
+from services.core.evm import TransferLog, Web3ChainReader, connect
 from services.core.hot_wallet import Erc20TransferExecutor
 from tests.support.evm_chain import EvmChain
 from tests.support.evm_node import EvmNode
@@ -69,6 +69,10 @@ def net(chain: EvmChain) -> Iterator[Net]:
     yield from _net(chain)
 
 
+def _to(logs: list[TransferLog], recipient: str) -> list[TransferLog]:
+    return [log for log in logs if log.to_address == recipient.lower()]
+
+
 # -- the node ------------------------------------------------------------------------------
 
 
@@ -84,7 +88,7 @@ def test_node_numbers_logs_per_block_like_a_real_node(net: Net) -> None:
     net.chain.mine()
     head = net.chain.head()
     # Then eth_getLogs and receipts number them 0, 1, 2 across the block
-    logs = net.reader().transfers(head, head, [net.token], [net.to])
+    logs = _to(net.reader().transfer_logs(head, head, [net.token]), net.to)
     assert [(log.tx_hash, log.log_index) for log in logs] == list(zip(txs, [0, 1, 2], strict=True))
     receipt = net.w3().eth.get_transaction_receipt(HexBytes(txs[2]))
     assert [log["logIndex"] for log in receipt["logs"]] == [2]
@@ -290,13 +294,15 @@ def test_lagging_logs_backend_answers_empty_past_its_head(net: Net) -> None:
     reader = net.reader()
     assert reader.head() == head
     # Then a range past its head is empty, without an error, and a range across it is cut
-    assert reader.transfers(head - 1, head, [net.token], [net.to]) == []
-    logs = reader.transfers(head - 2, head, [net.token], [net.to])
+    assert _to(reader.transfer_logs(head - 1, head, [net.token]), net.to) == []
+    logs = _to(reader.transfer_logs(head - 2, head, [net.token]), net.to)
     assert [log.tx_hash for log in logs] == txs[:1]
     assert net.proxy.count("eth_getLogs", "lagged") == 2
     # And caught up again, everything is there
     net.proxy.lag(0)
-    assert [log.tx_hash for log in reader.transfers(head - 2, head, [net.token], [net.to])] == txs
+    assert [
+        log.tx_hash for log in _to(reader.transfer_logs(head - 2, head, [net.token]), net.to)
+    ] == txs
 
 
 def test_whole_node_behind(net: Net) -> None:
@@ -327,7 +333,7 @@ def test_stale_fork_serves_the_branch_a_reorg_replaced(net: Net) -> None:
     assert reader.head() == head
     ref = reader.block(head)
     assert ref is not None and ref.hash == old_hashes[-1]
-    (log,) = reader.transfers(head - 2, head, [net.token], [net.to])
+    (log,) = _to(reader.transfer_logs(head - 2, head, [net.token]), net.to)
     assert (log.tx_hash, log.block_hash) == (tx, old_hashes[1])
     assert reader.receipt_status(tx) == (1, head - 1)
     # And the shared history below the fork point comes from the node
@@ -336,7 +342,7 @@ def test_stale_fork_serves_the_branch_a_reorg_replaced(net: Net) -> None:
     # Back on the canonical chain, the transfer is gone
     net.proxy.serve_fork(None)
     assert reader.head() == head + 1
-    assert reader.transfers(head - 2, head + 1, [net.token], [net.to]) == []
+    assert _to(reader.transfer_logs(head - 2, head + 1, [net.token]), net.to) == []
     assert reader.receipt_status(tx) is None
 
 
@@ -367,7 +373,7 @@ def test_reorg_re_mines_a_transfer_in_another_block_and_log_position(net: Net) -
     net.chain.mine(2)
     reader = net.reader()
     head = net.chain.head()
-    (before,) = reader.transfers(head - 1, head, [net.token], [net.to])
+    (before,) = _to(reader.transfer_logs(head - 1, head, [net.token]), net.to)
     assert before.log_index == 0
     # When a reorg replaces both blocks, re-mining it one block later behind another transfer
     net.chain.rewind(2)
@@ -376,7 +382,7 @@ def test_reorg_re_mines_a_transfer_in_another_block_and_log_position(net: Net) -
     net.chain.replay(tx)
     net.chain.mine(2)
     # Then the same transaction sits in another block at another log index
-    logs = reader.transfers(head - 1, head + 1, [net.token], [net.to])
+    logs = _to(reader.transfer_logs(head - 1, head + 1, [net.token]), net.to)
     assert [(log.tx_hash, log.log_index) for log in logs] == [(ahead, 0), (tx, 1)]
     assert logs[1].block_number == before.block_number + 1
     assert logs[1].block_hash != before.block_hash

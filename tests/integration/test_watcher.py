@@ -1,5 +1,8 @@
 """The chain watcher on InMemoryChain, each test on a fresh migrated PostgreSQL database.
 
+(The same watcher against a hostile node, on the EVM through the fault proxy:
+test_chain_reading.py.)
+
 Depth 3 on the test chain: a transfer is seen in its block (1 confirmation) and
 confirmed when two more blocks are on top of it.
 """
@@ -11,8 +14,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from services.core.deposits import states
+from services.core.deposits.addressbook import AddressBook
+from services.core.deposits.models import StrayTransfer
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
 from services.core.evm import InMemoryChain
@@ -28,6 +34,7 @@ from tests.support.deposits import (
     deposit_event_types,
     deposit_parts,
     deposits_of,
+    events_of,
     make_account,
     set_fee,
     small_registry,
@@ -178,7 +185,7 @@ def test_transfer_reincluded_by_a_reorg_moves_to_its_new_block(
     ]
 
 
-def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_deposit(
+def test_transfer_mined_again_after_it_vanished_for_the_depth_is_a_new_deposit(
     db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
     w = watcher(parts, chain)
@@ -186,12 +193,14 @@ def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_depos
     tx = chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
     chain.mine()
     w.tick()
-    # Given its block vanished and the watcher failed the deposit
-    chain.reorg(1, reinclude=True)
+    # Given its block vanished and the transfer stayed away for the depth: failed
+    chain.reorg(1)
+    chain.mine(2)
     w.tick()
     (first,) = deposits_of(db, account)
-    assert first.failure_reason == "reorged"
+    assert first.failure_reason == "reorged" and first.source_vanished_at is not None
     # When the transfer is mined later after all
+    chain.replay(tx)
     chain.mine()
     w.tick()
     # Then it is a new deposit (the failed one stays failed)
@@ -200,25 +209,112 @@ def test_transfer_mined_again_after_its_deposit_failed_as_reorged_is_a_new_depos
     assert second.source_tx_hash == tx and second.status == states.SOURCE_SEEN
 
 
-def test_unsupported_token_goes_to_manual_review_never_ignored(
+def test_unknown_tokens_and_zero_value_are_kept_for_ops_never_deposits(
     db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:
-    w = watcher(parts, chain)
+    registry_chain = parts.registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    w = ChainWatcher(
+        parts.detection,
+        registry_chain,
+        chain,
+        lag_blocks=0,
+        max_range=50,
+        start_block=1,
+        stray_cap=3,
+    )
     w.tick()
-    # When a token the chain does not support arrives at a deposit address
-    chain.transfer(ODD_TOKEN, SENDER, account.address(), 7 * 10**18)
+    # When a token the chain does not support arrives five times, with a zero-value
+    # transfer of the supported one
+    for i in range(5):
+        chain.transfer(ODD_TOKEN, SENDER, account.address(), 7 * 10**18 + i)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 0)
     chain.mine(3)
     w.tick()
-    # Then it is recorded and, once confirmed, handed to a person
+    # Then no deposit, no event, and at most the cap of them kept for ops
+    assert deposits_of(db, account) == []
+    assert events_of(db, TENANT) == []
+    with db.reader() as session:
+        strays = list(session.scalars(sa.select(StrayTransfer).order_by(StrayTransfer.id)))
+    assert len(strays) == 3
+    assert {s.token_address for s in strays} == {ODD_TOKEN}
+    assert strays[0].to_address == account.address() and strays[0].amount_raw == str(7 * 10**18)
+    # And reading the range again keeps nothing twice
+    chain.reorg(1)
+    chain.mine()
+    w.tick()
+    with db.reader() as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(StrayTransfer)) == 3
+
+
+def test_confirms_under_the_finalized_block_when_the_node_offers_it(
+    db: Database, account: AccountRef
+) -> None:
+    # Given a chain confirmed at the `finalized` tag, on a node that finalizes 6 deep
+    registry = small_registry(depth=3, min_deposit_usd=1.0, finality_tag="finalized")
+    parts = deposit_parts(db, registry)
+    chain = InMemoryChain(TEST_CHAIN_ID, finalized_depth=6)
+    chain.mine(5)
+    registry_chain = registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    w = ChainWatcher(parts.detection, registry_chain, chain, lag_blocks=0, start_block=1)
+    w.tick()
+    chain.transfer(TEST_USDC, SENDER, account.address(), 5_000_000)
+    chain.mine()
+    # When it is 3 deep (the depth), then 6 deep
+    chain.mine(2)
+    w.tick()
     (deposit,) = deposits_of(db, account)
-    assert deposit.status == states.MANUAL_REVIEW_REQUIRED
-    assert deposit.review_reason == "unsupported_token"
-    assert deposit.asset is None and deposit.amount_raw == str(7 * 10**18)
-    assert deposit_event_types(db, deposit.id) == [
-        "deposit.source_seen",
-        "deposit.manual_review_required",
-    ]
-    assert parts.settling.settle(deposit.id) is None
+    assert (deposit.status, deposit.confirmations) == (states.SOURCE_SEEN, 3)
+    chain.mine(3)
+    w.tick()
+    assert deposits_of(db, account)[0].status == states.SOURCE_SEEN
+    chain.mine()
+    w.tick()
+    # Then only the finalized block confirms it
+    (deposit,) = deposits_of(db, account)
+    assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 7)
+
+
+def test_without_the_tag_the_reorg_depth_stands_in(db: Database, account: AccountRef) -> None:
+    registry = small_registry(depth=3, min_deposit_usd=1.0, finality_tag="finalized", reorg_depth=5)
+    parts = deposit_parts(db, registry)
+    chain = InMemoryChain(TEST_CHAIN_ID)  # offers no finalized tag
+    chain.mine(5)
+    registry_chain = registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    w = ChainWatcher(parts.detection, registry_chain, chain, lag_blocks=0, start_block=1)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 5_000_000)
+    chain.mine(4)
+    w.tick()
+    assert deposits_of(db, account)[0].status == states.SOURCE_SEEN
+    chain.mine()
+    w.tick()
+    assert deposits_of(db, account)[0].status == states.SOURCE_CONFIRMED
+
+
+def test_addresses_are_loaded_once_then_only_the_new_ones(
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
+) -> None:
+    for _ in range(20):
+        make_account(db, TENANT, parts.registry)
+    registry_chain = parts.registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    # (re-reading 2 keys under the newest, for transactions that commit late)
+    book = AddressBook(db, TEST_CHAIN_ID, overlap_keys=2)
+    w = ChainWatcher(
+        parts.detection, registry_chain, chain, lag_blocks=0, start_block=1, addresses=book
+    )
+    w.tick()
+    assert len(book) == 21 and book.rows_read == 21
+    # When one account is created, the next round reads only the newest rows
+    late = make_account(db, TENANT, parts.registry)
+    chain.transfer(TEST_USDC, SENDER, late.address(), 3_000_000)
+    chain.mine()
+    w.tick()
+    assert len(book) == 22 and book.rows_read <= 3
+    (deposit,) = deposits_of(db, late)
+    assert deposit.status == states.SOURCE_SEEN
 
 
 def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(

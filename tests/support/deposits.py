@@ -54,6 +54,8 @@ def chains_toml(
     usdc: str = TEST_USDC,
     decimals: int = 6,
     gas_price_gwei: float = 1.0,
+    finality_tag: str = "",
+    reorg_depth: int = 0,
 ) -> str:
     """A chains file: the test chain (small depth), Base, and a declared chain.
 
@@ -74,6 +76,8 @@ native_usd = 3000.0
 gas_price_gwei = {gas_price_gwei}
 settlement_gas_units = 65000
 confirmations = {depth}
+finality_tag = "{finality_tag}"
+reorg_depth = {reorg_depth}
 min_deposit_usd = {min_deposit_usd}
 
   [[chains.assets]]

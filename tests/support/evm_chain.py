@@ -111,12 +111,21 @@ class EvmChain:
         #: Called (under the lock) before blocks are mined: a node's pool adds its
         #: transactions to the pending block there.
         self.before_mine: list[Callable[[], None]] = []
+        self._node: Any = None
 
     # -- readers ------------------------------------------------------------------------
 
     def reader(self, **kwargs: int) -> Web3ChainReader:
-        """A Web3ChainReader on this chain."""
-        return Web3ChainReader(self.w3, self.chain_id, **kwargs)
+        """A Web3ChainReader on this chain, over HTTP JSON-RPC as in production.
+
+        The node (`EvmNode`, sends mined at once) starts on first use and serves this
+        chain for the rest of the process.
+        """
+        if self._node is None:
+            from tests.support.evm_node import EvmNode  # it imports this module
+
+            self._node = EvmNode(self).start()
+        return Web3ChainReader.from_url(self._node.url, 10.0, self.chain_id, **kwargs)
 
     def head(self) -> int:
         """Number of the latest mined block."""

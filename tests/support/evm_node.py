@@ -23,6 +23,8 @@ Where eth-tester differs from a real node, the node answers as a real one would:
   `eth_getTransactionByHash` shows a pooled one with no block. Transactions paying less
   than `min_fee_wei` stay in the pool when blocks are mined (underpriced, stuck), and
   `drop(tx_hash)` evicts one (the node forgets it, as pools do).
+- `eth_getLogs` by `blockHash` (EIP-234) works, and answers "unknown block" for a block
+  the node does not have (not on its canonical chain).
 - Methods eth-tester lacks answer -32601 (method not found), so web3 falls back as it
   does against a real node (e.g. `eth_maxPriorityFeePerGas` -> fee history).
 
@@ -354,6 +356,14 @@ class EvmNode:
             return [self._tag_number(params[0]), *params[1:]]
         if method == "eth_getLogs" and params and isinstance(params[0], dict):
             spec = dict(params[0])
+            if "blockHash" in spec:
+                # EIP-234, which eth-tester lacks: a block the node does not have is an
+                # error (never an empty answer).
+                try:
+                    block = self.chain.tester.get_block_by_hash(spec.pop("blockHash"))
+                except BlockNotFound:
+                    raise RpcError(SERVER_ERROR, "unknown block") from None
+                spec["fromBlock"] = spec["toBlock"] = hex(int(block["number"]))
             for key in ("fromBlock", "toBlock"):
                 if spec.get(key) in FINALITY_TAGS:
                     spec[key] = self._tag_number(spec[key])

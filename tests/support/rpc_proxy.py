@@ -18,6 +18,9 @@ What each fault looks like to the client:
 | `Fault.HTTP_503` | HTTP 503 Service Unavailable |
 | `Fault.RPC_ERROR` | HTTP 200 with a JSON-RPC error (`code`, `message` as given) |
 
+A JSON-RPC batch goes through the same rules call by call (views answer each call); a
+transport or HTTP fault on any call of a batch ends the whole batch that way.
+
 With `forward=True` (the default) the node takes the call first and only its answer
 is lost: a transaction broadcast "fails" although the node has it, a receipt poll fails
 although the transaction is mined. With `forward=False` the node never sees the call.
@@ -316,8 +319,24 @@ class RpcProxy:
             request = json.loads(body)
         except ValueError:
             return 200, {}, self._forward(body)
-        if isinstance(request, list) or not isinstance(request, dict):
-            return 200, {}, self._forward(body)  # batches pass untouched
+        if isinstance(request, list):
+            # A batch: each call goes through the rules; a transport or HTTP fault on
+            # any of them is the whole batch's fate, as one request carries them all.
+            answers = []
+            for item in request:
+                status, headers, answer = self._one(item)
+                if status != 200:
+                    return status, headers, answer
+                answers.append(json.loads(answer))
+            return 200, {}, json.dumps(answers).encode()
+        if not isinstance(request, dict):
+            return 200, {}, self._forward(body)
+        return self._one(request)
+
+    def _one(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        if not isinstance(request, dict):
+            return 200, {}, self._forward(json.dumps(request).encode())
+        body = json.dumps(request).encode()
         method = str(request.get("method"))
         params = list(request.get("params") or [])
         call = Call(method, params)

@@ -1,29 +1,45 @@
-"""Detection: a transfer to a deposit address becomes a deposit, gains confirmations,
-is confirmed at depth, or fails `reorged` when its block leaves the canonical chain.
+"""Detection: transfers to deposit addresses become deposits, follow their transfer through
+reorgs, are confirmed once read again at finality, or fail `reorged` once gone for good.
 
-The chain watcher (`watcher.py`) and the sandbox confirmer drive these use cases.
+The chain watcher (`watcher.py`) and the sandbox confirmer drive these use cases. The
+watcher's are bulk steps in the caller's transaction (a block can hold hundreds of
+deposits: one statement per step, not one per deposit).
+
+A transfer's identity is `(chain, transaction, token, recipient, seq)` (`Sighting.key`),
+where `seq` numbers the transaction's transfers of that token to that recipient. A reorg
+that re-mines the transaction in another block, or behind other transactions, keeps the
+identity (the log index does not): the deposit moves with it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 import sqlalchemy as sa
-from eth_utils import to_checksum_address
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.core.chains import ChainRegistry
+from services.core import outbox
+from services.core.chains import Chain, ChainRegistry
 from services.core.deposits import states, store, transitions
-from services.core.deposits.models import Deposit
+from services.core.deposits.models import (
+    LIVE_SOURCE,
+    TRANSFER_IDENTITY,
+    ChainIncident,
+    Deposit,
+    StrayTransfer,
+)
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import net_usd
-from services.core.deposits.serialize import token_units
+from services.core.deposits.serialize import deposit_document, token_units
 from services.core.deposits.store import DepositStore
+from services.core.evm import TransferLog, checksum
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
 from shared.db import Database, is_unique_violation
@@ -33,6 +49,18 @@ from shared.timefmt import utcnow
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+
+#: Incident kind: a confirmed or credited deposit whose block left the canonical chain.
+DEEP_REORG = "deep_reorg"
+#: Review reason of a confirmed, unpaid deposit whose block left the canonical chain.
+REVIEW_SOURCE_REORGED = "source_reorged"
+#: Deposits inserted per statement (about 45 parameters each).
+INSERT_CHUNK = 500
+
+_DEPOSITS: sa.Table = Deposit.__table__  # type: ignore[assignment]
+_INSERT_DEPOSITS = pg_insert(_DEPOSITS)
+
+Key = tuple[str, str, str, int]
 
 
 class TransferLike(Protocol):
@@ -48,6 +76,40 @@ class TransferLike(Protocol):
     amount_raw: int
 
 
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """A transfer to a deposit address, with its place among its transaction's transfers."""
+
+    transfer: TransferLike
+    seq: int
+
+    @property
+    def key(self) -> Key:
+        t = self.transfer
+        return (t.tx_hash.lower(), t.token_address.lower(), t.to_address.lower(), self.seq)
+
+
+def number_transfers(logs: Iterable[TransferLog]) -> list[Sighting]:
+    """Every log with its `seq` (logs in block order; a transaction's logs are together)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    out = []
+    for t in logs:
+        group = (t.tx_hash, t.token_address, t.to_address)
+        seq = counts.get(group, 0)
+        counts[group] = seq + 1
+        out.append(Sighting(t, seq))
+    return out
+
+
+def _key_of(row: Any) -> Key:
+    return (
+        row.source_tx_hash.lower(),
+        row.token_address.lower(),
+        row.deposit_address.lower(),
+        row.transfer_seq,
+    )
+
+
 def account_at(
     session: Session, chain_id: int, address: str, *, tenant_id: str | None = None
 ) -> DepositAccount | None:
@@ -60,6 +122,68 @@ def account_at(
     if tenant_id is not None:
         stmt = stmt.where(DepositAccount.tenant_id == tenant_id)
     return session.scalars(stmt).first()
+
+
+def new_deposit(
+    chain: Chain,
+    account: Any,
+    *,
+    fee: Decimal,
+    asset: str | None,
+    token_address: str,
+    decimals: int | None,
+    amount_raw: int,
+    amount_usd_value: Decimal | None,
+    source_tx_hash: str,
+    log_index: int,
+    transfer_seq: int = 0,
+    from_address: str | None,
+    block_number: int | None,
+    block_hash: str | None,
+    deposit_address: str,
+    confirmations: int,
+    now: datetime,
+    sandbox: bool = False,
+    sandbox_outcome: str | None = None,
+) -> Deposit:
+    """A deposit in `source_seen` (not added anywhere). `account`: a DepositAccount or a
+    row with the same fields."""
+    return Deposit(
+        id=new_id("dep"),
+        tenant_id=account.tenant_id,
+        account_pk=account.pk,
+        account_id=account.id,
+        external_user_id=account.external_user_id,
+        status=states.SOURCE_SEEN,
+        chain_id=chain.chain_id,
+        deposit_address=deposit_address,
+        asset=asset,
+        token_address=token_address,
+        decimals=decimals,
+        amount_raw=str(amount_raw),
+        amount_usd=amount_usd_value,
+        # The fee shown before settlement is the live one now (an estimate); settlement
+        # records the value it actually skims.
+        fee_usd=fee,
+        net_usd=None if amount_usd_value is None else net_usd(amount_usd_value, fee),
+        source_tx_hash=source_tx_hash,
+        log_index=log_index,
+        transfer_seq=transfer_seq,
+        from_address=from_address,
+        block_number=block_number,
+        block_hash=block_hash,
+        confirmations=min(confirmations, chain.confirmations),
+        required_confirmations=chain.confirmations,
+        dest_chain_id=account.dest_chain_id,
+        dest_address=account.dest_address,
+        dest_token_address=account.dest_token_address,
+        settle_attempts=0,
+        failed_providers=[],
+        sandbox=sandbox,
+        sandbox_outcome=sandbox_outcome,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def open_deposit(
@@ -87,41 +211,25 @@ def open_deposit(
     """A new deposit in `source_seen` and its event (None: the transfer is recorded already)."""
     chain = registry.get(chain_id)
     assert chain is not None
-    # The fee shown before settlement is the live one now (an estimate); settlement
-    # records the value it actually skims.
-    fee = fee_for(session, chain)
-    deposit = Deposit(
-        id=new_id("dep"),
-        tenant_id=account.tenant_id,
-        account_pk=account.pk,
-        account_id=account.id,
-        external_user_id=account.external_user_id,
-        status=states.SOURCE_SEEN,
-        chain_id=chain_id,
-        deposit_address=deposit_address,
+    deposit = new_deposit(
+        chain,
+        account,
+        fee=fee_for(session, chain),
         asset=asset,
         token_address=token_address,
         decimals=decimals,
-        amount_raw=str(amount_raw),
-        amount_usd=amount_usd_value,
-        fee_usd=fee,
-        net_usd=None if amount_usd_value is None else net_usd(amount_usd_value, fee),
+        amount_raw=amount_raw,
+        amount_usd_value=amount_usd_value,
         source_tx_hash=source_tx_hash,
         log_index=log_index,
         from_address=from_address,
         block_number=block_number,
         block_hash=block_hash,
-        confirmations=min(confirmations, chain.confirmations),
-        required_confirmations=chain.confirmations,
-        dest_chain_id=account.dest_chain_id,
-        dest_address=account.dest_address,
-        dest_token_address=account.dest_token_address,
-        settle_attempts=0,
-        failed_providers=[],
+        deposit_address=deposit_address,
+        confirmations=confirmations,
+        now=now,
         sandbox=sandbox,
         sandbox_outcome=sandbox_outcome,
-        created_at=now,
-        updated_at=now,
     )
     try:
         with session.begin_nested():
@@ -135,8 +243,20 @@ def open_deposit(
     return deposit
 
 
+@dataclass
+class Recorded:
+    """What `Detection.record` did with a batch of sightings."""
+
+    #: Deposits opened (in `source_seen`).
+    new: int = 0
+    #: Deposits that followed their transfer to another block.
+    moved: int = 0
+    #: The live deposit of each sighting's transfer: id and status.
+    deposits: dict[Key, tuple[str, str]] | None = None
+
+
 class Detection:
-    """Recording transfers and counting their confirmations."""
+    """Recording transfers, following them through reorgs, confirming them at finality."""
 
     def __init__(
         self,
@@ -152,84 +272,386 @@ class Detection:
         self.clock = clock
         self.store = DepositStore(db)
 
+    # --- the watcher's bulk steps (in the caller's transaction) ---------------------------
+
+    def record(
+        self, session: Session, chain: Chain, sightings: Sequence[Sighting], head: int
+    ) -> Recorded:
+        """Open a deposit for each transfer not recorded yet; move those seen elsewhere.
+
+        Zero-value transfers and tokens the chain does not support are the caller's to
+        leave out; a sighting whose address has no account is skipped.
+        """
+        result = Recorded(deposits={})
+        assert result.deposits is not None
+        if not sightings:
+            return result
+        now = self.clock()
+        existing = self._live(session, chain.chain_id, {s.transfer.tx_hash for s in sightings})
+        fresh: list[Sighting] = []
+        for s in sightings:
+            row = existing.get(s.key)
+            if row is None:
+                fresh.append(s)
+                continue
+            result.deposits[s.key] = (row.id, row.status)
+            if row.block_hash != s.transfer.block_hash or row.log_index != s.transfer.log_index:
+                self._move(session, chain, row, s, head, now)
+                result.moved += 1
+        if fresh:
+            opened = self._open(session, chain, fresh, head, now)
+            result.new = len(opened)
+            for key, deposit_id in opened.items():
+                result.deposits[key] = (deposit_id, states.SOURCE_SEEN)
+        return result
+
+    def confirm_final(
+        self, session: Session, chain: Chain, sightings: Sequence[Sighting], head: int
+    ) -> int:
+        """Transfers read again at finality: record any the first reading missed, then
+        confirm every pending one. Returns how many deposits were confirmed."""
+        recorded = self.record(session, chain, sightings, head)
+        assert recorded.deposits is not None
+        pending = [d for d, status in recorded.deposits.values() if status == states.SOURCE_SEEN]
+        if not pending:
+            return 0
+        now = self.clock()
+        confirmed = list(
+            session.scalars(
+                sa.update(Deposit)
+                .where(
+                    Deposit.id.in_(pending),
+                    Deposit.status == states.SOURCE_SEEN,
+                    Deposit.asset.is_not(None),
+                )
+                .values(
+                    status=states.SOURCE_CONFIRMED,
+                    confirmations=head - Deposit.block_number + 1,
+                    confirmed_at=now,
+                    updated_at=now,
+                )
+                .returning(Deposit),
+                execution_options={"synchronize_session": False},
+            )
+        )
+        self._emit(session, confirmed, states.SOURCE_CONFIRMED, now)
+        # Deposits of unsupported tokens recorded before the watcher left them out.
+        for deposit in session.scalars(
+            sa.select(Deposit)
+            .where(
+                Deposit.id.in_(pending),
+                Deposit.status == states.SOURCE_SEEN,
+                Deposit.asset.is_(None),
+            )
+            .with_for_update()
+        ):
+            deposit.confirmed_at = now
+            transitions.review(session, deposit, now, states.REVIEW_UNSUPPORTED_TOKEN)
+        return len(confirmed)
+
+    def record_strays(
+        self, session: Session, chain: Chain, sightings: Sequence[Sighting], cap: int
+    ) -> int:
+        """Keep up to `cap` transfers of unknown tokens for ops (no deposit, no event)."""
+        if not sightings or cap <= 0:
+            return 0
+        now = self.clock()
+        rows = [
+            {
+                "chain_id": chain.chain_id,
+                "tx_hash": s.transfer.tx_hash,
+                "transfer_seq": s.seq,
+                "block_number": s.transfer.block_number,
+                "block_hash": s.transfer.block_hash,
+                "token_address": checksum(s.transfer.token_address),
+                "from_address": checksum(s.transfer.from_address),
+                "to_address": checksum(s.transfer.to_address),
+                "amount_raw": str(s.transfer.amount_raw),
+                "seen_at": now,
+            }
+            for s in sightings[:cap]
+        ]
+        result = session.execute(
+            pg_insert(StrayTransfer.__table__)
+            .values(rows)
+            .on_conflict_do_nothing(constraint="uq_stray_transfer")
+        )
+        if len(sightings) > cap:
+            log.info(
+                "chain %s: %s transfers of unknown tokens in one range; kept %s",
+                chain.chain_id,
+                len(sightings),
+                cap,
+            )
+        return max(result.rowcount, 0)  # type: ignore[attr-defined]
+
+    def _live(self, session: Session, chain_id: int, tx_hashes: set[str]) -> dict[Key, Any]:
+        rows = session.execute(
+            sa.select(
+                Deposit.id,
+                Deposit.status,
+                Deposit.source_tx_hash,
+                Deposit.token_address,
+                Deposit.deposit_address,
+                Deposit.transfer_seq,
+                Deposit.block_number,
+                Deposit.block_hash,
+                Deposit.log_index,
+                Deposit.required_confirmations,
+            ).where(
+                Deposit.chain_id == chain_id,
+                Deposit.source_tx_hash.in_(sorted(tx_hashes)),
+                Deposit.source_vanished_at.is_(None),
+            )
+        )
+        return {_key_of(row): row for row in rows}
+
+    def _move(
+        self, session: Session, chain: Chain, row: Any, s: Sighting, head: int, now: datetime
+    ) -> None:
+        t = s.transfer
+        if row.status == states.SOURCE_SEEN:
+            log.info(
+                "deposit %s follows its transfer: block %s -> %s, log %s -> %s",
+                row.id,
+                row.block_number,
+                t.block_number,
+                row.log_index,
+                t.log_index,
+            )
+        else:
+            # Confirmed at finality, yet re-mined elsewhere: a reorg deeper than the
+            # chain's finality (the incident was raised when the fork was found).
+            log.error(
+                "deposit %s (%s) was re-mined in block %s (was %s)",
+                row.id,
+                row.status,
+                t.block_number,
+                row.block_number,
+            )
+        values: dict[str, Any] = {
+            "block_number": t.block_number,
+            "block_hash": t.block_hash,
+            "log_index": t.log_index,
+        }
+        if row.status == states.SOURCE_SEEN:
+            values["confirmations"] = max(
+                0, min(head - t.block_number + 1, row.required_confirmations)
+            )
+            values["updated_at"] = now
+        session.execute(sa.update(Deposit).where(Deposit.id == row.id).values(**values))
+
+    def _open(
+        self, session: Session, chain: Chain, fresh: list[Sighting], head: int, now: datetime
+    ) -> dict[Key, str]:
+        addresses = sorted({checksum(s.transfer.to_address) for s in fresh})
+        accounts = {
+            row.address.lower(): row
+            for row in session.execute(
+                sa.select(
+                    DepositAddress.address,
+                    DepositAccount.pk,
+                    DepositAccount.id,
+                    DepositAccount.tenant_id,
+                    DepositAccount.external_user_id,
+                    DepositAccount.dest_chain_id,
+                    DepositAccount.dest_address,
+                    DepositAccount.dest_token_address,
+                )
+                .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
+                .where(
+                    DepositAddress.chain_id == chain.chain_id,
+                    DepositAddress.address.in_(addresses),
+                )
+            )
+        }
+        fee = fee_for(session, chain)
+        prices: dict[str, Decimal | None] = {}
+        deposits: list[tuple[Key, Deposit]] = []
+        for s in fresh:
+            t = s.transfer
+            account = accounts.get(t.to_address.lower())
+            asset = chain.asset_by_token(t.token_address)
+            if account is None or asset is None:
+                continue
+            if asset.symbol not in prices:
+                prices[asset.symbol] = self.prices.usd_price(chain.chain_id, asset.symbol)
+            amount = int(t.amount_raw)
+            deposit = new_deposit(
+                chain,
+                account,
+                fee=fee,
+                asset=asset.symbol,
+                token_address=asset.token_address,
+                decimals=asset.decimals,
+                amount_raw=amount,
+                amount_usd_value=amount_usd(
+                    token_units(amount, asset.decimals), prices[asset.symbol]
+                ),
+                source_tx_hash=t.tx_hash.lower(),
+                log_index=t.log_index,
+                transfer_seq=s.seq,
+                from_address=checksum(t.from_address),
+                block_number=t.block_number,
+                block_hash=t.block_hash,
+                deposit_address=account.address,
+                confirmations=head - t.block_number + 1,
+                now=now,
+            )
+            deposits.append((s.key, deposit))
+        opened: dict[Key, str] = {}
+        written: list[Deposit] = []
+        columns = [c.key for c in _DEPOSITS.columns]
+        for i in range(0, len(deposits), INSERT_CHUNK):
+            chunk = deposits[i : i + INSERT_CHUNK]
+            rows = [{c: getattr(d, c) for c in columns} for _, d in chunk]
+            # Another watcher may record the same transfers at the same time: the
+            # identity index lets one of them through.
+            inserted = set(
+                session.scalars(
+                    _INSERT_DEPOSITS.values(rows)
+                    .on_conflict_do_nothing(
+                        index_elements=list(TRANSFER_IDENTITY), index_where=sa.text(LIVE_SOURCE)
+                    )
+                    .returning(_DEPOSITS.c.id)
+                )
+            )
+            for key, deposit in chunk:
+                if deposit.id in inserted:
+                    opened[key] = deposit.id
+                    written.append(deposit)
+        self._emit(session, written, states.SOURCE_SEEN, now)
+        return opened
+
+    @staticmethod
+    def _emit(session: Session, deposits: list[Deposit], status: str, now: datetime) -> None:
+        """The durable events of many status changes (written once each)."""
+        event_type = states.EVENT_TYPES[status]
+        rows = [
+            outbox.event_row(
+                event_type,
+                d.tenant_id,
+                {"deposit": deposit_document(d)},
+                event_id=states.event_id(d.id, status),
+                created_at=now,
+            )[1]
+            for d in deposits
+        ]
+        outbox.emit_many(session, rows)
+
+    # --- reorgs -----------------------------------------------------------------------------
+
+    def vanish(self, deposit_id: str, stale_block_hash: str) -> Deposit | None:
+        """A pending deposit whose transfer has been gone from the chain for its depth:
+        failed, `reorged` (its transfer, if ever mined again, is a new deposit)."""
+        with self.db.transaction() as session:
+            deposit = store.lock(session, deposit_id)
+            if (
+                deposit is None
+                or deposit.status != states.SOURCE_SEEN
+                or deposit.block_hash != stale_block_hash
+            ):
+                return None
+            now = self.clock()
+            transitions.move(
+                session,
+                deposit,
+                states.FAILED,
+                now,
+                failure_reason=states.REASON_REORGED,
+                source_vanished_at=now,
+            )
+            return deposit
+
+    def settled_above(self, chain_id: int, fork_from: int) -> list[Any]:
+        """Deposits past `source_seen` recorded at or above a height (id, status, block)."""
+        with self.db.reader() as session:
+            return list(
+                session.execute(
+                    sa.select(
+                        Deposit.id, Deposit.status, Deposit.block_number, Deposit.block_hash
+                    ).where(
+                        Deposit.chain_id == chain_id,
+                        Deposit.sandbox.is_(False),
+                        Deposit.block_number >= fork_from,
+                        Deposit.status != states.SOURCE_SEEN,
+                        Deposit.source_vanished_at.is_(None),
+                    )
+                )
+            )
+
+    def deep_reorg(
+        self, chain_id: int, fork_from: int, canonical: Mapping[int, str], stale: Iterable[Any]
+    ) -> int:
+        """Deposits past `source_seen` whose block left the canonical chain: an incident
+        for ops each, and a confirmed one not being paid goes to manual review (it must
+        not be paid before a person looks). Returns the incidents raised."""
+        raised = 0
+        now = self.clock()
+        for row in stale:
+            if canonical.get(row.block_number) == row.block_hash:
+                continue
+            with self.db.transaction() as session:
+                deposit = store.lock(session, row.id)
+                if deposit is None or deposit.block_hash != row.block_hash:
+                    continue
+                already = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(ChainIncident)
+                    .where(
+                        ChainIncident.deposit_id == deposit.id,
+                        ChainIncident.kind == DEEP_REORG,
+                        ChainIncident.block_number == deposit.block_number,
+                        ChainIncident.resolved_at.is_(None),
+                    )
+                )
+                if already:
+                    continue
+                detail = (
+                    f"{deposit.status} deposit {deposit.id}: its block {deposit.block_number} "
+                    f"({deposit.block_hash}) left the canonical chain (fork at {fork_from}); "
+                    f"transfer {deposit.source_tx_hash}"
+                )
+                session.add(
+                    ChainIncident(
+                        chain_id=chain_id,
+                        kind=DEEP_REORG,
+                        deposit_id=deposit.id,
+                        block_number=deposit.block_number,
+                        detail=detail,
+                        created_at=now,
+                    )
+                )
+                log.critical("chain %s: %s", chain_id, detail)
+                if deposit.status == states.SOURCE_CONFIRMED and deposit.settle_phase is None:
+                    transitions.review(
+                        session,
+                        deposit,
+                        now,
+                        f"{REVIEW_SOURCE_REORGED}: block {deposit.block_number} left the chain",
+                    )
+                raised += 1
+        return raised
+
+    # --- single deposits (sandbox, tests) ---------------------------------------------------
+
     def record_transfer(
         self, session: Session, chain_id: int, transfer: TransferLike, *, confirmations: int
     ) -> Deposit | None:
-        """A transfer to a deposit address becomes a deposit in `source_seen` (in `session`).
+        """One transfer to a deposit address, recorded as `record` would (in `session`).
 
-        Seen before in the same block: nothing. Seen before in a block that has since
-        been replaced (a reorg re-included it): the pending deposit moves to the new block.
-        Returns the new deposit, or None.
+        Returns the new deposit, or None (recorded before, or not a deposit).
         """
         chain = self.registry.get(chain_id)
-        if chain is None:
+        if chain is None or chain.asset_by_token(transfer.token_address) is None:
             return None
-        to_address = to_checksum_address(transfer.to_address)
-        account = account_at(session, chain_id, to_address)
-        if account is None:
+        head = transfer.block_number + confirmations - 1
+        recorded = self.record(session, chain, [Sighting(transfer, 0)], head)
+        if not recorded.new:
             return None
-        existing = session.scalars(
-            sa.select(Deposit).where(
-                Deposit.chain_id == chain_id,
-                Deposit.source_tx_hash == transfer.tx_hash,
-                Deposit.log_index == transfer.log_index,
-                sa.or_(
-                    Deposit.failure_reason.is_(None),
-                    Deposit.failure_reason != states.REASON_REORGED,
-                ),
-            )
-        ).first()
-        if existing is not None:
-            self._seen_again(existing, transfer, confirmations)
-            return None
-        asset = chain.asset_by_token(transfer.token_address)
-        amount_raw = int(transfer.amount_raw)
-        usd = None
-        if asset is not None:
-            price = self.prices.usd_price(chain_id, asset.symbol)
-            usd = amount_usd(token_units(amount_raw, asset.decimals), price)
-        return open_deposit(
-            session,
-            self.registry,
-            account,
-            chain_id=chain_id,
-            deposit_address=to_address,
-            asset=asset.symbol if asset else None,
-            token_address=to_checksum_address(transfer.token_address),
-            decimals=asset.decimals if asset else None,
-            amount_raw=amount_raw,
-            amount_usd_value=usd,
-            source_tx_hash=transfer.tx_hash,
-            log_index=transfer.log_index,
-            from_address=to_checksum_address(transfer.from_address),
-            block_number=transfer.block_number,
-            block_hash=transfer.block_hash,
-            confirmations=confirmations,
-            now=self.clock(),
-        )
-
-    def _seen_again(self, deposit: Deposit, transfer: TransferLike, confirmations: int) -> None:
-        if deposit.block_hash == transfer.block_hash:
-            return  # the same block scanned again: already counted
-        if deposit.status == states.SOURCE_SEEN:
-            log.info(
-                "deposit %s re-included by a reorg: block %s -> %s",
-                deposit.id,
-                deposit.block_number,
-                transfer.block_number,
-            )
-            deposit.block_number = transfer.block_number
-            deposit.block_hash = transfer.block_hash
-            deposit.confirmations = confirmations
-            deposit.updated_at = self.clock()
-        else:
-            log.error(
-                "deposit %s (%s) is in block %s on a replaced branch: a reorg deeper than "
-                "the confirmation depth",
-                deposit.id,
-                deposit.status,
-                deposit.block_number,
-            )
+        assert recorded.deposits is not None
+        (deposit_id, _) = next(iter(recorded.deposits.values()))
+        return session.get(Deposit, deposit_id)
 
     def set_confirmations(self, counts: Mapping[str, int]) -> None:
         """Store confirmation counts of deposits still waiting for their depth."""
@@ -270,19 +692,4 @@ class Detection:
                 transitions.review(session, deposit, now, states.REVIEW_UNSUPPORTED_TOKEN)
             else:
                 transitions.move(session, deposit, states.SOURCE_CONFIRMED, now)
-            return deposit
-
-    def mark_reorged(self, deposit_id: str, stale_block_hash: str) -> Deposit | None:
-        """A pending deposit whose block left the canonical chain: failed, `reorged`."""
-        with self.db.transaction() as session:
-            deposit = store.lock(session, deposit_id)
-            if (
-                deposit is None
-                or deposit.status != states.SOURCE_SEEN
-                or deposit.block_hash != stale_block_hash
-            ):
-                return None
-            transitions.move(
-                session, deposit, states.FAILED, self.clock(), failure_reason=states.REASON_REORGED
-            )
             return deposit

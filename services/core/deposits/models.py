@@ -1,4 +1,5 @@
-"""Tables of the deposit pipeline: deposits, watcher cursors, inventory, route providers.
+"""Tables of the deposit pipeline: deposits, watcher cursors, inventory, route providers,
+and what the watcher keeps for ops (chain incidents, transfers of unknown tokens).
 
 Token amounts are stored as decimal text (exact, and a uint256 fits); USD figures as
 NUMERIC to the micro-dollar.
@@ -16,9 +17,21 @@ from services.core.destinations import Destination
 from services.core.models import CoreBase
 from shared.db import JSONType, UTCDateTime
 
-#: A deposit whose transfer vanished in a reorg leaves the uniqueness rule, so the same
-#: transfer mined again later is a new deposit (the reorged one is final and stays failed).
-LIVE_SOURCE = "failure_reason IS NULL OR failure_reason <> 'reorged'"
+#: A transfer is one deposit for good, unless the watcher saw it vanish from the chain
+#: (`source_vanished_at`): then, mined again later, it is a new deposit (the vanished one
+#: is final and stays failed). Failing a deposit by hand, whatever the reason given,
+#: never frees its transfer.
+LIVE_SOURCE = "source_vanished_at IS NULL"
+#: A transfer's identity: its transaction and its place among that transaction's
+#: transfers of the same token to the same address. It survives a reorg that re-mines
+#: the transaction in another block or behind other transactions (the log index does not).
+TRANSFER_IDENTITY = (
+    "chain_id",
+    "source_tx_hash",
+    "token_address",
+    "deposit_address",
+    "transfer_seq",
+)
 #: Non-final deposits: the worker's scans read only these.
 OPEN_DEPOSITS = "status NOT IN ('credited', 'failed')"
 
@@ -29,10 +42,8 @@ class Deposit(CoreBase):
     __tablename__ = "deposits"
     __table_args__ = (
         sa.Index(
-            "uq_deposit_source",
-            "chain_id",
-            "source_tx_hash",
-            "log_index",
+            "uq_deposit_transfer",
+            *TRANSFER_IDENTITY,
             unique=True,
             postgresql_where=sa.text(LIVE_SOURCE),
         ),
@@ -67,7 +78,11 @@ class Deposit(CoreBase):
     fee_usd: Mapped[Decimal | None] = mapped_column(sa.Numeric(20, 6), nullable=True)
     net_usd: Mapped[Decimal | None] = mapped_column(sa.Numeric(30, 6), nullable=True)
     source_tx_hash: Mapped[str] = mapped_column(sa.String(66))
+    #: Position in the block where the transfer is now (a reorg may change it).
     log_index: Mapped[int] = mapped_column(sa.Integer)
+    #: The transfer's place among its transaction's transfers of the same token to the
+    #: same address (0 for the first): part of its identity (TRANSFER_IDENTITY).
+    transfer_seq: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     from_address: Mapped[str | None] = mapped_column(sa.String(42), nullable=True)
     block_number: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     block_hash: Mapped[str | None] = mapped_column(sa.String(66), nullable=True)
@@ -106,6 +121,8 @@ class Deposit(CoreBase):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     confirmed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     credited_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: When the watcher failed it because its transfer left the chain (see LIVE_SOURCE).
+    source_vanished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     @property
     def destination(self) -> Destination:
@@ -120,6 +137,9 @@ class ChainCursor(CoreBase):
 
     chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     next_block: Mapped[int] = mapped_column(sa.BigInteger)
+    #: Where the second reading, at finality, continues: every block below it was read
+    #: again once final and its transfers confirmed (None: not started yet).
+    confirmed_block: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     #: The node's head when last read (for status and lag figures).
     head: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -163,3 +183,53 @@ class RouteProviderHealth(CoreBase):
     reason: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)
     checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ChainIncident(CoreBase):
+    """Something on a chain a person must look at (a `deep_reorg`: a confirmed or
+    credited deposit whose block left the canonical chain). Open until `resolved_at`."""
+
+    __tablename__ = "chain_incidents"
+    __table_args__ = (
+        sa.Index(
+            "ix_chain_incidents_open", "chain_id", postgresql_where=sa.text("resolved_at IS NULL")
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=True)
+    chain_id: Mapped[int] = mapped_column(sa.Integer)
+    kind: Mapped[str] = mapped_column(sa.String(40))
+    deposit_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    block_number: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    detail: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class StrayTransfer(CoreBase):
+    """A transfer of a token the chain does not support, to a deposit address: kept quietly
+    for ops (no deposit, no event, no review item), at most a few per scanned range."""
+
+    __tablename__ = "stray_transfers"
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "chain_id",
+            "tx_hash",
+            "token_address",
+            "to_address",
+            "transfer_seq",
+            name="uq_stray_transfer",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=True)
+    chain_id: Mapped[int] = mapped_column(sa.Integer)
+    tx_hash: Mapped[str] = mapped_column(sa.String(66))
+    transfer_seq: Mapped[int] = mapped_column(sa.Integer)
+    block_number: Mapped[int] = mapped_column(sa.BigInteger)
+    block_hash: Mapped[str] = mapped_column(sa.String(66))
+    token_address: Mapped[str] = mapped_column(sa.String(42))
+    from_address: Mapped[str] = mapped_column(sa.String(42))
+    to_address: Mapped[str] = mapped_column(sa.String(42))
+    amount_raw: Mapped[str] = mapped_column(sa.String(80))
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime)

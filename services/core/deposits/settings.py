@@ -33,8 +33,9 @@ class PipelineSettings:
     watcher_lag_blocks: int = 1
     #: Most blocks per eth_getLogs call.
     watcher_max_range: int = 500
-    #: Most deposit addresses per eth_getLogs call (topic filter size).
-    watcher_address_batch: int = 1000
+    #: Keep transfers of unknown tokens to deposit addresses for ops (one more
+    #: eth_getLogs per range read at finality, for every token's Transfer logs).
+    watcher_stray_tokens: bool = True
     #: Seconds between watcher rounds when caught up.
     watcher_poll_s: float = 2.0
     #: JSON-RPC timeout of the watchers' nodes.
@@ -74,7 +75,7 @@ class PipelineSettings:
             sandbox_block_s=_non_negative(env, "SETTLE_SANDBOX_BLOCK_S", 0.05),
             watcher_lag_blocks=env_int(env, "SETTLE_WATCHER_LAG_BLOCKS", 1),
             watcher_max_range=max(1, env_int(env, "SETTLE_WATCHER_MAX_RANGE", 500)),
-            watcher_address_batch=max(1, env_int(env, "SETTLE_WATCHER_ADDRESS_BATCH", 1000)),
+            watcher_stray_tokens=env_bool(env, "SETTLE_WATCHER_STRAY_TOKENS", True),
             watcher_poll_s=_non_negative(env, "SETTLE_WATCHER_POLL_S", 2.0),
             rpc_timeout_s=_non_negative(env, "SETTLE_RPC_TIMEOUT_S", 10.0),
             poll_s=_non_negative(env, "SETTLE_PIPELINE_POLL_S", 0.5),

@@ -1,17 +1,40 @@
 """A chain watcher: ERC-20 transfers to deposit addresses, from a node to deposits.
 
-Per chain, a persisted cursor says which block comes next; the watcher scans forward
-from it (never a sliding window, so no block is ever skipped), at most up to the head
-minus a safe distance. The deposits a range yields and the cursor's advance commit in
-one transaction: a restart resumes exactly where the last commit left off, and a range
-scanned twice (two workers, a retry) records nothing twice.
+Each block is read twice, and each reading is trusted only when it is complete:
 
-Reorgs: the hash of the last block of every scanned range is kept (a checkpoint). When
-the newest checkpoint's block has a new hash, the watcher walks back to the last
-checkpoint that still matches and rescans from there. A pending deposit whose block is
-no longer canonical, and whose transfer the rescan did not find again, ends `failed`
-with `reorged`: it is never credited. Each deposit is only confirmed after re-reading
-its block's hash at its depth.
+1. At the tip (`lag_blocks` under the head): transfers become `source_seen` deposits.
+2. At finality (under the node's `finalized`/`safe` block where the chain names a tag
+   and the node offers it, else `reorg_depth` blocks deep, and never fewer than
+   `confirmations`): transfers are confirmed, and any the first reading missed are
+   recorded and confirmed at once.
+
+Two cursors in `chain_cursors` say where each reading continues (`next_block`,
+`confirmed_block`); they move only by committed ranges, in the same transaction as the
+deposits a range produced, so a restart resumes where the last commit left off and a
+range read twice (two workers, a retry) records nothing twice.
+
+Complete logs or none. `eth_getLogs` asks for the `Transfer` logs of the chain's token
+contracts (recipients are matched in memory, `AddressBook`); a range is refused, and
+read again later, when:
+- a log's block hash is not the canonical hash at its height (a logs backend on a
+  stale fork), or the range's last block changed while it was read (a reorg);
+- the node does not have the range's last block when asked by its hash (a logs backend
+  behind the head answers `[]` for a range past its head, without an error, but it
+  cannot answer for a block hash it has never seen), or its logs asked that way differ
+  from the range's. The range is then shortened, so the cursor never passes a block
+  the logs backend had not seen.
+
+Reorgs. The hash of the last block of every range read is kept (a checkpoint; all of
+them above the finality cursor and 16 under it, then two per power-of-two distance).
+When a checkpoint no longer matches the node, the fork point is found by comparing them
+all with the node's hashes (one batch), and both cursors go back to it. A transfer found again on
+the new branch (same identity, see detection.py) moves its deposit; a pending deposit
+whose transfer has been absent from the canonical chain for `confirmations` blocks
+fails `reorged`. A fork point under the finality cursor is a reorg deeper than the
+chain's finality: every confirmed or credited deposit whose block left the chain
+becomes a chain incident for ops (`chain_incidents`, and the
+`settle_chain_incidents_open` metric), and a confirmed one not being paid goes to
+manual review.
 """
 
 from __future__ import annotations
@@ -20,32 +43,55 @@ import logging
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from services.core.chains import Chain
-from services.core.deposits.detection import Detection
+from services.core.deposits.addressbook import AddressBook
+from services.core.deposits.detection import Detection, Sighting, number_transfers
 from services.core.deposits.models import ChainCheckpoint, ChainCursor
-from services.core.evm import BlockRef, ChainReader
-from services.core.models import DepositAddress
+from services.core.evm import BlockRef, ChainReader, TransferLog
 
 log = logging.getLogger(__name__)
 
-#: Ranges scanned per round at most, so confirmations keep being counted while catching up.
+#: Ranges read per reading per round at most, so each round stays short.
 MAX_RANGES_PER_TICK = 20
 #: Pending deposits examined per round at most.
 PENDING_BATCH = 1000
+#: Checkpoints kept just under the finality cursor before they thin out.
+RECENT_CHECKPOINTS = 16
+#: Times a range is halved when the logs backend has not seen its last block.
+SHRINK_ATTEMPTS = 4
+#: Transfers of unknown tokens kept for ops per range at most.
+STRAY_CAP = 20
 
 
 @dataclass
 class TickResult:
+    #: Blocks read at the tip, and at finality.
     scanned_blocks: int = 0
+    final_blocks: int = 0
     new_deposits: int = 0
+    moved: int = 0
     confirmed: int = 0
     reorged: int = 0
+    #: Ranges not trusted this round (read again next round).
+    refused: int = 0
     reorg_from: int | None = None
+    incidents: int = 0
 
     @property
     def caught_up(self) -> bool:
-        return self.scanned_blocks == 0
+        return self.scanned_blocks == 0 and self.final_blocks == 0
+
+
+@dataclass(frozen=True)
+class _Range:
+    """A range whose logs passed every check."""
+
+    start: int
+    end: int
+    tip: BlockRef
+    logs: list[TransferLog]
 
 
 class ChainWatcher:
@@ -60,6 +106,9 @@ class ChainWatcher:
         lag_blocks: int = 1,
         max_range: int = 500,
         start_block: int | None = None,
+        addresses: AddressBook | None = None,
+        stray_tokens: bool = True,
+        stray_cap: int = STRAY_CAP,
     ) -> None:
         self.detection = detection
         self.db = detection.db
@@ -68,10 +117,13 @@ class ChainWatcher:
         self.lag_blocks = max(0, lag_blocks)
         self.max_range = max(1, max_range)
         self.start_block = start_block
-        #: Checkpoints kept: enough to find a fork point within the confirmation depth.
-        self.checkpoints_kept = chain.confirmations + 16
-        self._addresses: list[str] = []
-        self._address_count = -1
+        self.addresses = (
+            AddressBook(detection.db, chain.chain_id) if addresses is None else addresses
+        )
+        self.stray_tokens = stray_tokens
+        self.stray_cap = stray_cap
+        #: The chain's token contracts, lowercase: what eth_getLogs asks for.
+        self.tokens = sorted({a.token_address.lower() for a in chain.assets})
 
     @property
     def chain_id(self) -> int:
@@ -80,62 +132,85 @@ class ChainWatcher:
     # --- one round ------------------------------------------------------------------------
 
     def tick(self) -> TickResult:
-        """Check for a reorg, scan what is new, count confirmations."""
+        """Follow a reorg, read what is final, read what is new, judge what is pending."""
         result = TickResult()
         head = self.reader.head()
-        safe = head - self.lag_blocks
-        self._ensure_cursor(safe)
-        result.reorg_from = self._check_reorg()
-        for _ in range(MAX_RANGES_PER_TICK):
-            start = self.next_block()
-            if start > safe:
-                break
-            end = min(safe, start + self.max_range - 1)
-            found = self._scan(start, end, head)
-            if found is None:
-                break
-            result.scanned_blocks += end - start + 1
-            result.new_deposits += found
-        # A reorg right after the scan is handled next round, before anything is judged.
-        again = self._check_reorg()
-        if again is not None:
-            result.reorg_from = again
-            return result
-        result.confirmed, result.reorged = self._count(head)
+        self._ensure_cursor(head)
+        self._check_reorg(head, result)
+        self.addresses.refresh()
+        if self.tokens:
+            self._read_final(head, result)
+            self._read_tip(head, result)
+        self._judge(head, result)
         return result
 
     def next_block(self) -> int:
+        """Where the reading at the tip continues (-1 before the first round)."""
+        return self._cursor()[0]
+
+    def confirmed_block(self) -> int:
+        """Where the reading at finality continues (-1 before the first round)."""
+        return self._cursor()[1]
+
+    def final_height(self, head: int) -> int:
+        """The highest block a deposit may be confirmed in, with the node at `head`."""
+        by_depth = head - self.chain.confirmations + 1
+        if self.chain.finality_tag:
+            tagged = self.reader.tagged_block(self.chain.finality_tag)
+            if tagged is not None:
+                return min(tagged.number, by_depth)
+        return head - self.chain.final_depth + 1
+
+    # --- the cursors ----------------------------------------------------------------------
+
+    def _cursor(self) -> tuple[int, int]:
         with self.db.reader() as session:
             cursor = session.get(ChainCursor, self.chain_id)
-            return -1 if cursor is None else cursor.next_block
+            if cursor is None:
+                return -1, -1
+            confirmed = cursor.confirmed_block
+            return cursor.next_block, cursor.next_block if confirmed is None else confirmed
 
-    # --- the cursor -----------------------------------------------------------------------
-
-    def _ensure_cursor(self, safe: int) -> None:
+    def _ensure_cursor(self, head: int) -> None:
         with self.db.reader() as session:
-            if session.get(ChainCursor, self.chain_id) is not None:
+            cursor = session.get(ChainCursor, self.chain_id)
+            if cursor is not None and cursor.confirmed_block is not None:
                 return
         if self.start_block is not None:
             first = self.start_block
         else:
             # First start: look back one confirmation depth, for transfers just before.
-            first = max(0, safe + 1 - self.chain.confirmations)
+            first = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
         with self.db.transaction() as session:
-            try:
-                with session.begin_nested():
-                    session.add(
-                        ChainCursor(
-                            chain_id=self.chain_id,
-                            next_block=first,
-                            head=None,
-                            updated_at=self.detection.clock(),
+            cursor = session.get(ChainCursor, self.chain_id, with_for_update=True)
+            if cursor is None:
+                try:
+                    with session.begin_nested():
+                        session.add(
+                            ChainCursor(
+                                chain_id=self.chain_id,
+                                next_block=first,
+                                confirmed_block=first,
+                                head=None,
+                                updated_at=self.detection.clock(),
+                            )
                         )
-                    )
-            except sa.exc.IntegrityError:
-                pass  # another worker created it
-        log.info("chain %s: watching from block %s", self.chain_id, first)
+                except sa.exc.IntegrityError:
+                    return  # another worker created it
+                log.info("chain %s: watching from block %s", self.chain_id, first)
+            elif cursor.confirmed_block is None:
+                # A cursor from before the reading at finality: start it under the oldest
+                # pending deposit, so every one of them is read again before it counts.
+                oldest = self._oldest_pending(session)
+                cursor.confirmed_block = min(
+                    cursor.next_block, oldest if oldest is not None else cursor.next_block
+                )
 
-    def _lock_cursor(self, session: sa.orm.Session) -> ChainCursor:
+    def _oldest_pending(self, session: Session) -> int | None:
+        pending = self.detection.store.pending_on_chain(self.chain_id, 1)
+        return pending[0].block_number if pending else None
+
+    def _lock_cursor(self, session: Session) -> ChainCursor:
         stmt = (
             sa.select(ChainCursor)
             .where(ChainCursor.chain_id == self.chain_id)
@@ -144,87 +219,169 @@ class ChainWatcher:
         )
         return session.scalars(stmt).one()
 
-    # --- addresses ------------------------------------------------------------------------
+    # --- reading a range --------------------------------------------------------------------
 
-    def addresses(self) -> list[str]:
-        """This chain's deposit addresses (reloaded when new ones appear)."""
-        with self.db.reader() as session:
-            count = session.scalar(
-                sa.select(sa.func.count()).where(DepositAddress.chain_id == self.chain_id)
-            )
-            # Addresses are never deleted, so an unchanged count is an unchanged set.
-            if count != self._address_count:
-                self._addresses = list(
-                    session.scalars(
-                        sa.select(DepositAddress.address).where(
-                            DepositAddress.chain_id == self.chain_id
-                        )
+    def _read(self, start: int, end: int) -> _Range | None:
+        """The range's logs if complete and canonical; None to try again later.
+
+        The range may come back shorter than asked (the logs backend is behind).
+        """
+        for _ in range(SHRINK_ATTEMPTS + 1):
+            tip = self.reader.block(end)
+            if tip is None:
+                return None  # the node is behind its own head: wait
+            logs = self.reader.transfer_logs(start, end, self.tokens)
+            # Asked by hash, a node that does not have the block answers an error, never
+            # a silent []: this is what proves the backend saw the range's last block.
+            probe = self.reader.block_transfer_logs(tip.hash, self.tokens)
+            at_end = sorted((t.tx_hash, t.log_index) for t in logs if t.block_number == end)
+            if probe is None or sorted((t.tx_hash, t.log_index) for t in probe) != at_end:
+                if end == start:
+                    log.warning(
+                        "chain %s: the logs backend has not seen block %s yet", self.chain_id, end
                     )
-                )
-                self._address_count = int(count or 0)
-        return self._addresses
+                    return None
+                end = (start + end) // 2
+                continue
+            heights = {t.block_number for t in logs} | {end}
+            if start > 0:
+                heights.add(start - 1)
+            canonical = self.reader.block_hashes(heights)
+            if canonical.get(end) != tip.hash:
+                return None  # a reorg while the range was read
+            for t in logs:
+                if not start <= t.block_number <= end or canonical.get(t.block_number) != (
+                    t.block_hash
+                ):
+                    log.warning(
+                        "chain %s: logs of block %s come from another branch (%s); "
+                        "range %s-%s refused",
+                        self.chain_id,
+                        t.block_number,
+                        t.block_hash,
+                        start,
+                        end,
+                    )
+                    return None
+            parent = self._checkpoint(start - 1)
+            if parent is not None and canonical.get(start - 1) != parent:
+                return None  # a reorg under the range: the next round finds its fork
+            return _Range(start, end, tip, logs)
+        return None
 
-    # --- scanning -------------------------------------------------------------------------
+    def _deposits_in(self, logs: list[TransferLog]) -> list[Sighting]:
+        """Non-zero transfers to deposit addresses, numbered within their transactions."""
+        book = self.addresses
+        matched = [t for t in logs if int(t.to_address[2:], 16) in book]
+        return [s for s in number_transfers(matched) if s.transfer.amount_raw > 0]
+
+    # --- the two readings -------------------------------------------------------------------
+
+    def _read_final(self, head: int, result: TickResult) -> None:
+        final = self.final_height(head)
+        for _ in range(MAX_RANGES_PER_TICK):
+            _, start = self._cursor()
+            end = min(final, start + self.max_range - 1)
+            if start > end:
+                return
+            read = self._read(start, end)
+            if read is None:
+                result.refused += 1
+                return
+            strays = self._strays(read) if self.stray_tokens else []
+            with self.db.transaction() as session:
+                cursor = self._lock_cursor(session)
+                if cursor.confirmed_block != read.start:
+                    return  # another worker read it first
+                sightings = self._deposits_in(read.logs)
+                result.confirmed += self.detection.confirm_final(
+                    session, self.chain, sightings, head
+                )
+                self.detection.record_strays(session, self.chain, strays, self.stray_cap)
+                cursor.confirmed_block = read.end + 1
+                cursor.next_block = max(cursor.next_block, read.end + 1)
+                self._advance(session, cursor, read, head)
+            result.final_blocks += read.end - read.start + 1
+
+    def _read_tip(self, head: int, result: TickResult) -> None:
+        safe = head - self.lag_blocks
+        for _ in range(MAX_RANGES_PER_TICK):
+            start, _ = self._cursor()
+            end = min(safe, start + self.max_range - 1)
+            if start > end:
+                return
+            read = self._read(start, end)
+            if read is None:
+                result.refused += 1
+                return
+            with self.db.transaction() as session:
+                cursor = self._lock_cursor(session)
+                if cursor.next_block != read.start:
+                    return  # another worker read it first
+                recorded = self.detection.record(
+                    session, self.chain, self._deposits_in(read.logs), head
+                )
+                result.new_deposits += recorded.new
+                result.moved += recorded.moved
+                cursor.next_block = read.end + 1
+                self._advance(session, cursor, read, head)
+            result.scanned_blocks += read.end - read.start + 1
+
+    def _strays(self, read: _Range) -> list[Sighting]:
+        """Transfers of tokens the chain does not support to deposit addresses."""
+        known = set(self.tokens)
+        logs = self.reader.transfer_logs(read.start, read.end, None)
+        return [s for s in self._deposits_in(logs) if s.transfer.token_address not in known]
+
+    def _advance(self, session: Session, cursor: ChainCursor, read: _Range, head: int) -> None:
+        cursor.head = head
+        cursor.updated_at = self.detection.clock()
+        session.merge(ChainCheckpoint(chain_id=self.chain_id, number=read.end, hash=read.tip.hash))
+        session.flush()
+        self._prune_checkpoints(session, cursor.confirmed_block or cursor.next_block)
+
+    # --- checkpoints and reorgs ---------------------------------------------------------------
 
     def _checkpoint(self, number: int) -> str | None:
+        if number < 0:
+            return None
         with self.db.reader() as session:
             row = session.get(ChainCheckpoint, (self.chain_id, number))
             return None if row is None else row.hash
 
-    def _scan(self, start: int, end: int, head: int) -> int | None:
-        """Scan [start, end]; the number of new deposits, or None when it must wait."""
-        addresses = self.addresses()
-        tip = self.reader.block(end)
-        if tip is None:
-            return None
-        parent_hash = self._checkpoint(start - 1)
-        logs = self.reader.transfers(start, end, None, addresses) if addresses else []
-        # The range is read in several calls: trust it only if the chain did not change
-        # under it (same tip) and it extends what was scanned before (same parent).
-        if self.reader.block(end) != tip:
-            return None
-        if parent_hash is not None and _hash(self.reader.block(start - 1)) != parent_hash:
-            return None
-        found = 0
-        with self.db.transaction() as session:
-            cursor = self._lock_cursor(session)
-            if cursor.next_block != start:
-                return None  # another worker scanned it first
-            for transfer in logs:
-                if not start <= transfer.block_number <= end:
-                    continue
-                confirmations = head - transfer.block_number + 1
-                deposit = self.detection.record_transfer(
-                    session, self.chain_id, transfer, confirmations=confirmations
+    def _prune_checkpoints(self, session: Session, confirmed_block: int) -> None:
+        """Keep every checkpoint from the finality cursor up and the 16 under it; further
+        down, the oldest and newest at each power-of-two distance. Any fork point is then
+        found within a few times its depth, and the first block ever read stays known."""
+        numbers = list(
+            session.scalars(
+                sa.select(ChainCheckpoint.number)
+                .where(
+                    ChainCheckpoint.chain_id == self.chain_id,
+                    ChainCheckpoint.number < confirmed_block - 1,
                 )
-                found += deposit is not None
-            cursor.next_block = end + 1
-            cursor.head = head
-            cursor.updated_at = self.detection.clock()
-            session.merge(ChainCheckpoint(chain_id=self.chain_id, number=end, hash=tip.hash))
-            session.flush()
-            self._prune_checkpoints(session)
-        return found
-
-    def _prune_checkpoints(self, session: sa.orm.Session) -> None:
-        keep_from = (
-            sa.select(ChainCheckpoint.number)
-            .where(ChainCheckpoint.chain_id == self.chain_id)
-            .order_by(ChainCheckpoint.number.desc())
-            .limit(1)
-            .offset(self.checkpoints_kept - 1)
-            .scalar_subquery()
-        )
-        session.execute(
-            sa.delete(ChainCheckpoint).where(
-                ChainCheckpoint.chain_id == self.chain_id, ChainCheckpoint.number < keep_from
+                .order_by(ChainCheckpoint.number.desc())
             )
         )
+        if len(numbers) <= RECENT_CHECKPOINTS:
+            return
+        oldest: dict[int, int] = {}
+        newest: dict[int, int] = {}
+        for number in numbers[RECENT_CHECKPOINTS:]:
+            bucket = (confirmed_block - number).bit_length()
+            oldest[bucket] = min(number, oldest.get(bucket, number))
+            newest[bucket] = max(number, newest.get(bucket, number))
+        keep = set(oldest.values()) | set(newest.values())
+        drop = [n for n in numbers[RECENT_CHECKPOINTS:] if n not in keep]
+        if drop:
+            session.execute(
+                sa.delete(ChainCheckpoint).where(
+                    ChainCheckpoint.chain_id == self.chain_id, ChainCheckpoint.number.in_(drop)
+                )
+            )
 
-    # --- reorgs ---------------------------------------------------------------------------
-
-    def _check_reorg(self) -> int | None:
-        """Rewind the cursor to the fork point when scanned blocks were replaced."""
+    def _check_reorg(self, head: int, result: TickResult) -> None:
+        """Move both cursors back to the fork point when read blocks were replaced."""
         with self.db.reader() as session:
             checkpoints = list(
                 session.execute(
@@ -233,26 +390,37 @@ class ChainWatcher:
                     .order_by(ChainCheckpoint.number.desc())
                 ).all()
             )
-        if not checkpoints:
-            return None
-        top = self.reader.block(checkpoints[0].number)
-        if top is None or top.hash == checkpoints[0].hash:
-            return None  # unchanged (or the node is behind: wait, judge nothing)
-        fork_from = None
-        for number, block_hash in checkpoints[1:]:
-            if _hash(self.reader.block(number)) == block_hash:
-                fork_from = number + 1
-                break
-        if fork_from is None:
-            fork_from = checkpoints[-1].number
-            log.error(
-                "chain %s: reorg deeper than the checkpoints kept; rescanning from %s",
-                self.chain_id,
-                fork_from,
-            )
+        known = [c for c in checkpoints if c.number <= head]
+        if not known:
+            return
+        next_block, _ = self._cursor()
+        top = self.reader.block(known[0].number)
+        if top is None:
+            return  # the node is behind its own head: judge nothing
+        if top.hash == known[0].hash:
+            if next_block <= head + 1:
+                return  # the usual case: nothing changed
+            # Blocks read before are past the head now: a shorter branch (or a node
+            # behind). Read again from just above what still matches, before judging.
+            fork_from = known[0].number + 1
+        else:
+            canonical = self.reader.block_hashes(c.number for c in known)
+            matching = [c for c in known if canonical.get(c.number) == c.hash]
+            if matching:
+                fork_from = matching[0].number + 1
+            else:
+                fork_from = known[-1].number
+                log.critical(
+                    "chain %s: reorg below every checkpoint kept; reading again from %s",
+                    self.chain_id,
+                    fork_from,
+                )
         with self.db.transaction() as session:
             cursor = self._lock_cursor(session)
+            deep = cursor.confirmed_block is not None and cursor.confirmed_block > fork_from
             cursor.next_block = min(cursor.next_block, fork_from)
+            if cursor.confirmed_block is not None:
+                cursor.confirmed_block = min(cursor.confirmed_block, fork_from)
             cursor.updated_at = self.detection.clock()
             session.execute(
                 sa.delete(ChainCheckpoint).where(
@@ -260,44 +428,43 @@ class ChainWatcher:
                     ChainCheckpoint.number >= fork_from,
                 )
             )
-        log.warning("chain %s: reorg; rescanning from block %s", self.chain_id, fork_from)
-        return fork_from
+        result.reorg_from = fork_from
+        log.warning("chain %s: reorg; reading again from block %s", self.chain_id, fork_from)
+        if deep:
+            stale = self.detection.settled_above(self.chain_id, fork_from)
+            if stale:
+                hashes = self.reader.block_hashes({row.block_number for row in stale})
+                result.incidents += self.detection.deep_reorg(
+                    self.chain_id, fork_from, hashes, stale
+                )
 
-    # --- confirmations --------------------------------------------------------------------
+    # --- pending deposits -----------------------------------------------------------------
 
-    def _count(self, head: int) -> tuple[int, int]:
-        """Confirm deposits at depth; fail those whose transfer vanished. (confirmed, reorged)"""
-        next_block = self.next_block()
+    def _judge(self, head: int, result: TickResult) -> None:
+        """Count confirmations; fail deposits whose transfer has been gone for the depth."""
+        next_block, _ = self._cursor()
+        pending = self.detection.store.pending_on_chain(self.chain_id, PENDING_BATCH)
+        heights = {d.block_number for d in pending if d.block_number is not None}
+        canonical = self.reader.block_hashes(h for h in heights if h <= head) if heights else {}
         counts: dict[str, int] = {}
-        blocks: dict[int, BlockRef | None] = {}
-        confirmed = reorged = 0
-        for deposit in self.detection.store.pending_on_chain(self.chain_id, PENDING_BATCH):
+        for deposit in pending:
             number = deposit.block_number
-            if number is None:
-                continue
-            if number not in blocks:
-                blocks[number] = self.reader.block(number)
-            canonical = blocks[number]
-            if canonical is None:
-                continue  # the node is behind this block: judge nothing yet
-            if canonical.hash != deposit.block_hash:
-                # Rescanned on the new branch without finding it again: it vanished.
-                if number < next_block and deposit.block_hash is not None:
-                    reorged += (
-                        self.detection.mark_reorged(deposit.id, deposit.block_hash) is not None
+            if number is None or number not in canonical:
+                continue  # past the node's head: judge nothing yet
+            if canonical[number] != deposit.block_hash:
+                # Its block was replaced and read again without it. Gone for the depth
+                # (the new branch has that many blocks from its height): it vanished.
+                absent = head - number + 1
+                if (
+                    number < next_block
+                    and absent >= self.chain.confirmations
+                    and deposit.block_hash is not None
+                ):
+                    result.reorged += (
+                        self.detection.vanish(deposit.id, deposit.block_hash) is not None
                     )
                 continue
-            count = head - number + 1
-            if count >= deposit.required_confirmations:
-                done = self.detection.confirm(
-                    deposit.id, count, block_hash=canonical.hash, skip_locked=True
-                )
-                confirmed += done is not None
-            elif count != deposit.confirmations:
+            count = min(head - number + 1, deposit.required_confirmations)
+            if count != deposit.confirmations:
                 counts[deposit.id] = count
         self.detection.set_confirmations(counts)
-        return confirmed, reorged
-
-
-def _hash(block: BlockRef | None) -> str | None:
-    return None if block is None else block.hash

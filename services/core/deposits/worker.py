@@ -106,7 +106,6 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
             settings.rpc_timeout_s,
             chain.chain_id,
             max_block_span=settings.watcher_max_range,
-            max_addresses_per_call=settings.watcher_address_batch,
         )
         watchers.append(
             ChainWatcher(
@@ -115,6 +114,7 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
                 reader,
                 lag_blocks=settings.watcher_lag_blocks,
                 max_range=settings.watcher_max_range,
+                stray_tokens=settings.watcher_stray_tokens,
             )
         )
     sandbox = SandboxConfirmer(
