@@ -1,16 +1,14 @@
-"""Deposit pipeline throughput: sandbox deposits to credited events, and the chain watcher.
+"""Deposit pipeline throughput: sandbox deposits to credited events.
 
-    .venv/bin/python bench/pipeline.py [--quick] [--deposits N] [--workers W] [--transfers T]
+    .venv/bin/python bench/pipeline.py [--quick] [--deposits N] [--workers W]
 
 1. Sandbox: N deposits submitted through core's API (Flask test client, real
    PostgreSQL) while W pipeline worker processes (the worker's settlement loop)
    confirm and settle them; deposits/s from the first submission
    to the last `deposit.credited` event in the outbox, with per-deposit latency.
    Then the same number as a backlog, drained by the workers alone (their capacity).
-2. Watcher: T ERC-20 transfers to deposit addresses on the in-process EVM
-   (eth-tester + py-evm), then one watcher scans them from its cursor: transfer logs
-   scanned (and recorded as deposits) per second, and the node's eth_getLogs alone;
-   then 5 T transfers on InMemoryChain, where the watcher's own database work is all.
+
+The chain watcher has its own benchmark: bench/watcher.py.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from bip_utils import Bip32Secp256k1
 from bench.harness import fresh_database, machine, process
 from services.core.addresses import AddressDeriver
 from services.core.app import create_app
-from services.core.chains import ChainRegistry, load_chains, parse_chains
+from services.core.chains import ChainRegistry, load_chains
 from services.core.config import CoreConfig
 from services.core.context import CoreContext
 from services.core.deposits.detection import Detection
@@ -212,73 +210,6 @@ def _submit_and_wait(
     }
 
 
-def watched_chain(
-    url: str, chain_id: int, token: str, *, seed: int, accounts: int
-) -> tuple[ChainRegistry, Database, list[str]]:
-    """A one-chain registry (USDC at `token`) and `accounts` deposit addresses of a tenant."""
-    toml = (
-        f'[default_settlement_venue]\nchain_id = {chain_id}\nasset = "USDC"\n'
-        f'[[chains]]\nchain_id = {chain_id}\nname = "Bench"\nstatus = "active"\n'
-        'native_symbol = "ETH"\nnative_usd = 3000.0\ngas_price_gwei = 1.0\n'
-        "settlement_gas_units = 65000\nconfirmations = 3\nmin_deposit_usd = 1.0\n"
-        f'[[chains.assets]]\nsymbol = "USDC"\ntoken_address = "{token}"\ndecimals = 6\n'
-    )
-    registry = parse_chains(toml)
-    db = Database(url, pool_size=4)
-    xpub = Bip32Secp256k1.FromSeed(bytes(range(seed, seed + 32))).PublicKey().ToExtended()
-    with db.transaction() as session:
-        tenant, _ = identity.create_tenant(session, f"bench-watcher-{chain_id}")
-    made = add_accounts(db, registry, AddressDeriver(xpub), tenant.id, accounts)
-    return registry, db, [a[chain_id] for a in made]
-
-
-def bench_watcher(url: str, transfers: int, per_block: int) -> dict[str, float]:
-    from services.core.deposits.watcher import ChainWatcher
-    from tests.support.evm_chain import EvmChain
-
-    evm = EvmChain()
-    token = evm.deploy_token("USDC", 6)
-    chain_id = 31337
-    registry, db, addresses = watched_chain(url, chain_id, token, seed=1, accounts=200)
-    sender = evm.new_account()
-    evm.mint(token, sender.address, transfers * 10**6 * 2)
-    first = evm.head() + 1
-    queued = time.perf_counter()
-    for n in range(transfers):
-        evm.transfer(token, sender, addresses[n % len(addresses)], 10**6 + n)
-        if (n + 1) % per_block == 0:
-            evm.mine()
-    evm.mine(4)
-    mining_s = time.perf_counter() - queued
-
-    reader = evm.reader()
-    t0 = time.perf_counter()
-    logs = reader.transfers(first, evm.head(), None, addresses)
-    get_logs_s = time.perf_counter() - t0
-    detection = Detection(db, registry, StaticPrices())
-    chain = registry.get(chain_id)
-    assert chain is not None
-    watcher = ChainWatcher(detection, chain, reader, lag_blocks=0, max_range=500, start_block=first)
-    t0 = time.perf_counter()
-    while not watcher.tick().caught_up:
-        pass
-    scan_s = time.perf_counter() - t0
-    with db.reader() as session:
-        recorded = int(
-            session.scalar(sa.select(sa.func.count()).where(Deposit.chain_id == chain_id)) or 0
-        )
-    db.dispose()
-    if recorded != transfers or len(logs) != transfers:
-        raise RuntimeError(f"{transfers} transfers, {len(logs)} logs, {recorded} deposits")
-    return {
-        "transfers": transfers,
-        "blocks": evm.head() - first + 1,
-        "mining_s": mining_s,
-        "get_logs_per_s": transfers / get_logs_s,
-        "scanned_per_s": transfers / scan_s,
-    }
-
-
 def worker_main() -> int:
     """A pipeline worker process: settlement rounds until SIGTERM."""
     url = os.environ["SETTLE_DATABASE_URL"]
@@ -301,33 +232,6 @@ def worker_main() -> int:
     return 0
 
 
-def bench_watcher_in_memory(url: str, transfers: int) -> float:
-    """The watcher's own cost (database work) with a node that answers from memory."""
-    from services.core.deposits.watcher import ChainWatcher
-    from services.core.evm import InMemoryChain
-
-    chain_id = 31338
-    token = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
-    registry, db, addresses = watched_chain(url, chain_id, token, seed=2, accounts=200)
-    chain = InMemoryChain(chain_id)
-    for n in range(transfers):
-        chain.transfer(token, WALLET, addresses[n % len(addresses)], 10**6 + n)
-        if (n + 1) % 100 == 0:
-            chain.mine()
-    chain.mine(4)
-    registry_chain = registry.get(chain_id)
-    assert registry_chain is not None
-    watcher = ChainWatcher(
-        Detection(db, registry, StaticPrices()), registry_chain, chain, lag_blocks=0, start_block=1
-    )
-    started = time.perf_counter()
-    while not watcher.tick().caught_up:
-        pass
-    elapsed = time.perf_counter() - started
-    db.dispose()
-    return transfers / elapsed
-
-
 def main() -> int:
     if sys.argv[1:] == ["--worker"]:
         return worker_main()
@@ -335,16 +239,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")
     parser.add_argument("--deposits", type=int, help="sandbox deposits (default 1000, quick 100)")
     parser.add_argument("--workers", type=int, default=2, help="pipeline workers")
-    parser.add_argument("--transfers", type=int, help="chain transfers (default 1000, quick 100)")
     args = parser.parse_args()
     deposits = args.deposits or (100 if args.quick else 1000)
-    transfers = args.transfers or (100 if args.quick else 1000)
 
     url = fresh_database("settle_bench_pipeline")
     load_chains()  # fail early on a broken chains file
     sandbox = bench_sandbox(url, deposits, args.workers)
-    watcher = bench_watcher(url, transfers, per_block=50)
-    in_memory = bench_watcher_in_memory(url, transfers * 5)
     print(f"machine: {machine()}")
     print(
         f"sandbox -> credited: {sandbox['deposits']} deposits, {sandbox['workers']} workers: "
@@ -354,15 +254,6 @@ def main() -> int:
     )
     print(
         f"sandbox backlog drained by the workers alone: {sandbox['drained_per_s']:.1f} deposits/s"
-    )
-    print(
-        f"watcher (in-process EVM): {watcher['transfers']} transfers in {watcher['blocks']} "
-        f"blocks: {watcher['scanned_per_s']:.1f} logs/s scanned and recorded "
-        f"(eth_getLogs alone {watcher['get_logs_per_s']:.1f} logs/s)"
-    )
-    print(
-        f"watcher (InMemoryChain node, so the database work alone): {transfers * 5} "
-        f"transfers: {in_memory:.1f} logs/s scanned, recorded and confirmed"
     )
     return 0
 

@@ -28,7 +28,8 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 BENCHES = [
     ("Core API under gunicorn + PostgreSQL", "bench/core_api.py", [], ["--duration", "4"]),
     ("Webhook delivery, production processes", "bench/webhooks.py", [], ["--quick"]),
-    ("Deposit pipeline and chain watcher", "bench/pipeline.py", [], ["--quick"]),
+    ("Deposit pipeline", "bench/pipeline.py", [], ["--quick"]),
+    ("Chain watcher", "bench/watcher.py", [], ["--quick"]),
 ]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -167,6 +167,31 @@ class DriverStatement:
         for name in self.required:
             params[name] = values[name]
         return params
+
+
+def execute_many(
+    session: Session, statement: DriverStatement, rows: Sequence[Mapping[str, Any]]
+) -> list[tuple[Any, ...]]:
+    """Run a statement once per row in the session's transaction, on its driver connection.
+
+    psycopg pipelines the rows (one round trip) and parses the short statement once,
+    where a multi-row VALUES statement is parsed anew for every batch. Pending ORM
+    changes are flushed first. Returns what RETURNING gave, in row order (a row that
+    returned nothing, e.g. skipped by ON CONFLICT DO NOTHING, adds nothing).
+    """
+    if not rows:
+        return []
+    session.flush()
+    conn = session.connection().connection.driver_connection
+    returned: list[tuple[Any, ...]] = []
+    with conn.cursor() as cur:
+        cur.executemany(statement.sql, [statement.bind(row) for row in rows], returning=True)
+        while True:
+            if cur.description is not None:
+                returned.extend(cur.fetchall())
+            if not cur.nextset():
+                break
+    return returned
 
 
 class Database:

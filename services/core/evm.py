@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
-from eth_utils import keccak, to_checksum_address
+from eth_hash.auto import keccak as keccak_256
+from eth_utils import keccak
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
@@ -135,8 +136,13 @@ _ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]{40}")
 
 @lru_cache(maxsize=1 << 16)
 def _checksum(lower: str) -> str:
-    # EIP-55 costs a keccak (~60 us); deposit and token addresses repeat endlessly.
-    return to_checksum_address(lower)
+    # eth_utils' to_checksum_address validates and re-encodes (~3x the cost); this is
+    # the EIP-55 rule itself on an address already lowercase 0x-hex: a letter is upper
+    # case where the keccak of the hex text has a nibble >= 8. Sender and token
+    # addresses repeat (the cache).
+    body = lower[2:]
+    digest = keccak_256(body.encode()).hex()
+    return "0x" + "".join([c.upper() if digest[i] in "89abcdef" else c for i, c in enumerate(body)])
 
 
 def checksum(address: str) -> str:

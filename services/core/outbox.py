@@ -19,13 +19,10 @@ from sqlalchemy.orm import Session
 from services.core.models import OutboxEvent
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events
+from shared.db import database_of, execute_many
 from shared.timefmt import parse_iso, utcnow
 
 __all__ = ["NOTIFY_CHANNEL", "emit", "emit_many"]
-
-#: Rows per multi-row INSERT of `emit_many` (5 parameters each, well under PostgreSQL's
-#: 65,535 per statement).
-EMIT_CHUNK = 1000
 
 _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
@@ -85,8 +82,18 @@ def emit(
     return envelope
 
 
-#: A multi-row INSERT that skips durable event ids already written.
-_INSERT_NEW = pg_insert(_OUTBOX).on_conflict_do_nothing(index_elements=["event_id"])
+#: INSERT_EVENT skipping a durable event id already written; returns the ids it wrote.
+INSERT_NEW_EVENT = (
+    pg_insert(_OUTBOX)
+    .values(
+        {
+            column: sa.bindparam(column, type_=_OUTBOX.c[column].type)
+            for column in ("event_id", "event_type", "tenant_id", "body", "created_at")
+        }
+    )
+    .on_conflict_do_nothing(index_elements=["event_id"])
+    .returning(_OUTBOX.c.event_id)
+)
 
 
 def emit_many(session: Session, rows: list[dict[str, Any]]) -> int:
@@ -98,10 +105,11 @@ def emit_many(session: Session, rows: list[dict[str, Any]]) -> int:
     """
     if not rows:
         return 0
-    session.flush()
-    written = 0
-    for i in range(0, len(rows), EMIT_CHUNK):
-        result = session.execute(_INSERT_NEW.values(rows[i : i + EMIT_CHUNK]))
-        written += max(result.rowcount, 0)  # type: ignore[attr-defined]
+    db = database_of(session)
+    assert db is not None, "emit_many needs a session of a shared.db.Database"
+    statement = db.attachment(
+        "outbox.insert_new_event", lambda d: d.driver_statement(INSERT_NEW_EVENT)
+    )
+    written = execute_many(session, statement, rows)
     request_wakeup(session)
-    return written
+    return len(written)

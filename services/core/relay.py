@@ -100,8 +100,11 @@ def outbox_lag(db: Database, now: datetime | None = None) -> tuple[int, float]:
 
 def api_metrics_registry(db: Database) -> CollectorRegistry:
     """The registry core's API serves on /metrics: database-derived gauges only."""
+    from services.core.deposits.metrics import ChainCollector
+
     registry = CollectorRegistry(auto_describe=True)
     registry.register(OutboxCollector(db))
+    registry.register(ChainCollector(db))
     return registry
 
 

@@ -35,6 +35,7 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
     from prometheus_client import CollectorRegistry
 
     from services.core.backfill import run_address_backfill
+    from services.core.deposits.metrics import ChainCollector
     from services.core.deposits.worker import run_pipeline
     from services.core.fee_oracle import run_fee_oracle
     from services.core.relay import (
@@ -50,6 +51,7 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
     publisher_factory = relay_publisher_factory(ctx.config)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(OutboxCollector(ctx.db))
+    registry.register(ChainCollector(ctx.db))
     relay_metrics = RelayMetrics(registry)
     serve_metrics(registry, metrics_port())  # SETTLE_METRICS_PORT; nothing when unset
     return [

@@ -17,6 +17,8 @@ from eth_account.signers.local import LocalAccount
 
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
+from services.core.deposits.metrics import ChainCollector
+from services.core.deposits.models import ChainIncident, StrayTransfer
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
@@ -138,6 +140,28 @@ def failed_events(db: Database, tenant_id: str) -> int:
         )
 
 
+def incidents(db: Database, chain_id: int) -> list[ChainIncident]:
+    with db.reader() as session:
+        rows = list(
+            session.scalars(
+                sa.select(ChainIncident)
+                .where(ChainIncident.chain_id == chain_id, ChainIncident.resolved_at.is_(None))
+                .order_by(ChainIncident.id)
+            )
+        )
+        session.expunge_all()
+        return rows
+
+
+def open_incidents_metric(db: Database, chain_id: int) -> float:
+    for family in ChainCollector(db).collect():
+        if family.name == "settle_chain_incidents_open":
+            for sample in family.samples:
+                if sample.labels == {"chain_id": str(chain_id), "kind": "deep_reorg"}:
+                    return sample.value
+    return 0.0
+
+
 # -- a transfer identity that survives reorgs -------------------------------------------------
 
 
@@ -191,10 +215,40 @@ def test_credited_transfer_re_mined_past_the_depth_is_never_a_second_deposit(
     rig.evm.replay(tx)
     rig.evm.mine(DEPTH + 2)
     tick(w, 3)
-    # Then it is still one deposit, credited once
+    # Then it is still one deposit, credited once, now pointing at its new block
     (deposit,) = deposits_of(pg_db, rig.account)
     assert deposit.status == states.CREDITED and deposit.source_tx_hash == tx
     assert deposit_event_types(pg_db, deposit.id).count("deposit.credited") == 1
+    assert deposit.block_hash == rig.evm.block_hash(deposit.block_number or 0)
+    # And ops were told: an open incident and a metric to alert on
+    (incident,) = incidents(pg_db, rig.chain_id)
+    assert (incident.kind, incident.deposit_id) == ("deep_reorg", deposit.id)
+    assert open_incidents_metric(pg_db, rig.chain_id) == 1
+
+
+def test_confirmed_unpaid_deposit_whose_block_leaves_the_chain_is_held_for_review(
+    rig: Rig, pg_db: Database
+) -> None:
+    w = rig.watcher(max_range=1)
+    rig.evm.mine()
+    w.tick()
+    # Given 80 USDC confirmed at depth, not paid yet
+    rig.send(80 * USDC)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    # When a reorg deeper than the depth replaces its block with one without it
+    rig.evm.rewind(DEPTH + 1)
+    rig.evm.mine(DEPTH + 2)
+    tick(w, 3)
+    # Then it goes to manual review (never paid on a transfer that may be gone), with an
+    # incident for ops
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.MANUAL_REVIEW_REQUIRED
+    assert (deposit.review_reason or "").startswith("source_reorged")
+    assert rig.parts.settling.settle(deposit.id) is None
+    assert [i.deposit_id for i in incidents(pg_db, rig.chain_id)] == [deposit.id]
 
 
 def test_vanished_transfer_is_failed_only_after_its_absence_reaches_the_depth(
@@ -398,6 +452,14 @@ def test_spam_zero_value_and_unknown_tokens_are_not_tenant_deposits(
             )
         )
     assert sorted(types) == ["deposit.source_confirmed", "deposit.source_seen"]
+    # And the unknown token's transfers are kept quietly for ops
+    with pg_db.reader() as session:
+        strays = list(
+            session.scalars(sa.select(StrayTransfer).where(StrayTransfer.chain_id == rig.chain_id))
+        )
+    assert len(strays) == 12
+    assert {s.token_address for s in strays} == {junk}
+    assert {s.to_address for s in strays} == {rig.address}
 
 
 def test_logs_are_asked_for_the_supported_tokens_and_matched_in_memory(

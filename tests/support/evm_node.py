@@ -33,11 +33,8 @@ Every call holds `EvmChain.lock`, so the test thread may mine and reorg meanwhil
 
 from __future__ import annotations
 
-import http.server
-import json
 import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +48,7 @@ from web3 import EthereumTesterProvider
 from web3.types import RPCEndpoint
 
 from tests.support.evm_chain import EvmChain
+from tests.support.jsonrpc_server import JsonRpcServer
 
 log = logging.getLogger(__name__)
 
@@ -204,18 +202,14 @@ class EvmNode:
         )
         #: Log count per transaction of each block (blocks are immutable by hash).
         self._log_counts: dict[str, list[int]] = {}
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.node = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._server = JsonRpcServer(self.answer)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def start(self) -> EvmNode:
-        self._thread.start()
+        self._server.start()
         return self
 
     def drop(self, tx_hash: str) -> bool:
@@ -235,10 +229,7 @@ class EvmNode:
     def stop(self) -> None:
         if self.mine_sends is False and self._flush_pool in self.chain.before_mine:
             self.chain.before_mine.remove(self._flush_pool)
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(5)
-        self._server.server_close()
+        self._server.stop()
 
     def __enter__(self) -> EvmNode:
         return self.start()
@@ -413,33 +404,3 @@ def _node_message(exc: Exception) -> str:
         word = "nonce too low" if got < expected else "nonce too high"
         return f"{word}: next nonce {expected}, tx nonce {got}"
     return text or type(exc).__name__
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    node: EvmNode
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            request = json.loads(self.rfile.read(length))
-        except ValueError:
-            body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "parse"}}
-        else:
-            body = self.server.node.answer(request)
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass

@@ -18,9 +18,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -42,7 +45,7 @@ from services.core.deposits.store import DepositStore
 from services.core.evm import TransferLog, checksum
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
-from shared.db import Database, is_unique_violation
+from shared.db import Database, database_of, execute_many, is_unique_violation
 from shared.ids import new_id
 from shared.timefmt import utcnow
 
@@ -58,7 +61,25 @@ REVIEW_SOURCE_REORGED = "source_reorged"
 INSERT_CHUNK = 500
 
 _DEPOSITS: sa.Table = Deposit.__table__  # type: ignore[assignment]
-_INSERT_DEPOSITS = pg_insert(_DEPOSITS)
+
+
+def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:
+    """New deposits, skipping transfers recorded already; returns the ids written."""
+    return (
+        pg_insert(_DEPOSITS)
+        .values({c: sa.bindparam(c, type_=_DEPOSITS.c[c].type) for c in columns})
+        .on_conflict_do_nothing(
+            index_elements=list(TRANSFER_IDENTITY), index_where=sa.text(LIVE_SOURCE)
+        )
+        .returning(_DEPOSITS.c.id)
+    )
+
+
+def _any(values: Iterable[str]) -> sa.BindParameter[list[str]]:
+    """One array parameter (`= ANY(...)`): the statement text stays the same whatever the
+    number of values, so the driver parses it once."""
+    return sa.bindparam(None, list(values), type_=ARRAY(sa.String()))
+
 
 Key = tuple[str, str, str, int]
 
@@ -124,7 +145,7 @@ def account_at(
     return session.scalars(stmt).first()
 
 
-def new_deposit(
+def deposit_row(
     chain: Chain,
     account: Any,
     *,
@@ -145,45 +166,61 @@ def new_deposit(
     now: datetime,
     sandbox: bool = False,
     sandbox_outcome: str | None = None,
-) -> Deposit:
-    """A deposit in `source_seen` (not added anywhere). `account`: a DepositAccount or a
-    row with the same fields."""
-    return Deposit(
-        id=new_id("dep"),
-        tenant_id=account.tenant_id,
-        account_pk=account.pk,
-        account_id=account.id,
-        external_user_id=account.external_user_id,
-        status=states.SOURCE_SEEN,
-        chain_id=chain.chain_id,
-        deposit_address=deposit_address,
-        asset=asset,
-        token_address=token_address,
-        decimals=decimals,
-        amount_raw=str(amount_raw),
-        amount_usd=amount_usd_value,
+) -> dict[str, Any]:
+    """The columns of a new deposit in `source_seen`. `account`: a DepositAccount or a row
+    with the same fields."""
+    return {
+        "id": new_id("dep"),
+        "tenant_id": account.tenant_id,
+        "account_pk": account.pk,
+        "account_id": account.id,
+        "external_user_id": account.external_user_id,
+        "status": states.SOURCE_SEEN,
+        "chain_id": chain.chain_id,
+        "deposit_address": deposit_address,
+        "asset": asset,
+        "token_address": token_address,
+        "decimals": decimals,
+        "amount_raw": str(amount_raw),
+        "amount_usd": amount_usd_value,
         # The fee shown before settlement is the live one now (an estimate); settlement
         # records the value it actually skims.
-        fee_usd=fee,
-        net_usd=None if amount_usd_value is None else net_usd(amount_usd_value, fee),
-        source_tx_hash=source_tx_hash,
-        log_index=log_index,
-        transfer_seq=transfer_seq,
-        from_address=from_address,
-        block_number=block_number,
-        block_hash=block_hash,
-        confirmations=min(confirmations, chain.confirmations),
-        required_confirmations=chain.confirmations,
-        dest_chain_id=account.dest_chain_id,
-        dest_address=account.dest_address,
-        dest_token_address=account.dest_token_address,
-        settle_attempts=0,
-        failed_providers=[],
-        sandbox=sandbox,
-        sandbox_outcome=sandbox_outcome,
-        created_at=now,
-        updated_at=now,
-    )
+        "fee_usd": fee,
+        "net_usd": None if amount_usd_value is None else net_usd(amount_usd_value, fee),
+        "source_tx_hash": source_tx_hash,
+        "log_index": log_index,
+        "transfer_seq": transfer_seq,
+        "from_address": from_address,
+        "block_number": block_number,
+        "block_hash": block_hash,
+        "confirmations": min(confirmations, chain.confirmations),
+        "required_confirmations": chain.confirmations,
+        "dest_chain_id": account.dest_chain_id,
+        "dest_address": account.dest_address,
+        "dest_token_address": account.dest_token_address,
+        "route": None,
+        "provider": None,
+        "provider_ref": None,
+        "settle_phase": None,
+        "settle_attempts": 0,
+        "next_attempt_at": None,
+        "failed_providers": [],
+        "credit_amount": None,
+        "inventory_reserved": None,
+        "credit_tx_hash": None,
+        "failure_reason": None,
+        "review_reason": None,
+        "sandbox": sandbox,
+        "sandbox_outcome": sandbox_outcome,
+        "ops_by": None,
+        "ops_reason": None,
+        "ops_at": None,
+        "created_at": now,
+        "updated_at": now,
+        "confirmed_at": None,
+        "credited_at": None,
+        "source_vanished_at": None,
+    }
 
 
 def open_deposit(
@@ -211,7 +248,7 @@ def open_deposit(
     """A new deposit in `source_seen` and its event (None: the transfer is recorded already)."""
     chain = registry.get(chain_id)
     assert chain is not None
-    deposit = new_deposit(
+    row = deposit_row(
         chain,
         account,
         fee=fee_for(session, chain),
@@ -231,6 +268,7 @@ def open_deposit(
         sandbox=sandbox,
         sandbox_outcome=sandbox_outcome,
     )
+    deposit = Deposit(**row)
     try:
         with session.begin_nested():
             session.add(deposit)
@@ -317,21 +355,20 @@ class Detection:
             return 0
         now = self.clock()
         confirmed = list(
-            session.scalars(
-                sa.update(Deposit)
+            session.execute(
+                sa.update(_DEPOSITS)
                 .where(
-                    Deposit.id.in_(pending),
-                    Deposit.status == states.SOURCE_SEEN,
-                    Deposit.asset.is_not(None),
+                    _DEPOSITS.c.id == sa.any_(_any(pending)),
+                    _DEPOSITS.c.status == states.SOURCE_SEEN,
+                    _DEPOSITS.c.asset.is_not(None),
                 )
                 .values(
                     status=states.SOURCE_CONFIRMED,
-                    confirmations=head - Deposit.block_number + 1,
+                    confirmations=head - _DEPOSITS.c.block_number + 1,
                     confirmed_at=now,
                     updated_at=now,
                 )
-                .returning(Deposit),
-                execution_options={"synchronize_session": False},
+                .returning(*_DEPOSITS.c)
             )
         )
         self._emit(session, confirmed, states.SOURCE_CONFIRMED, now)
@@ -339,7 +376,7 @@ class Detection:
         for deposit in session.scalars(
             sa.select(Deposit)
             .where(
-                Deposit.id.in_(pending),
+                Deposit.id == sa.any_(_any(pending)),
                 Deposit.status == states.SOURCE_SEEN,
                 Deposit.asset.is_(None),
             )
@@ -400,7 +437,7 @@ class Detection:
                 Deposit.required_confirmations,
             ).where(
                 Deposit.chain_id == chain_id,
-                Deposit.source_tx_hash.in_(sorted(tx_hashes)),
+                Deposit.source_tx_hash == sa.any_(_any(sorted(tx_hashes))),
                 Deposit.source_vanished_at.is_(None),
             )
         )
@@ -461,13 +498,13 @@ class Detection:
                 .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
                 .where(
                     DepositAddress.chain_id == chain.chain_id,
-                    DepositAddress.address.in_(addresses),
+                    DepositAddress.address == sa.any_(_any(addresses)),
                 )
             )
         }
         fee = fee_for(session, chain)
         prices: dict[str, Decimal | None] = {}
-        deposits: list[tuple[Key, Deposit]] = []
+        rows: list[tuple[Key, dict[str, Any]]] = []
         for s in fresh:
             t = s.transfer
             account = accounts.get(t.to_address.lower())
@@ -477,7 +514,7 @@ class Detection:
             if asset.symbol not in prices:
                 prices[asset.symbol] = self.prices.usd_price(chain.chain_id, asset.symbol)
             amount = int(t.amount_raw)
-            deposit = new_deposit(
+            row = deposit_row(
                 chain,
                 account,
                 fee=fee,
@@ -498,33 +535,37 @@ class Detection:
                 confirmations=head - t.block_number + 1,
                 now=now,
             )
-            deposits.append((s.key, deposit))
-        opened: dict[Key, str] = {}
-        written: list[Deposit] = []
-        columns = [c.key for c in _DEPOSITS.columns]
-        for i in range(0, len(deposits), INSERT_CHUNK):
-            chunk = deposits[i : i + INSERT_CHUNK]
-            rows = [{c: getattr(d, c) for c in columns} for _, d in chunk]
-            # Another watcher may record the same transfers at the same time: the
-            # identity index lets one of them through.
-            inserted = set(
-                session.scalars(
-                    _INSERT_DEPOSITS.values(rows)
-                    .on_conflict_do_nothing(
-                        index_elements=list(TRANSFER_IDENTITY), index_where=sa.text(LIVE_SOURCE)
-                    )
-                    .returning(_DEPOSITS.c.id)
-                )
+            rows.append((s.key, row))
+        if not rows:
+            return {}
+        # Another watcher may record the same transfers at the same time: the identity
+        # index lets one of them through.
+        db = database_of(session)
+        assert db is not None
+        columns = tuple(rows[0][1])
+        statement = db.attachment(
+            f"deposits.insert_new:{','.join(columns)}",
+            lambda d: d.driver_statement(_insert_new_deposits(columns)),
+        )
+        inserted = {
+            returned[0]
+            for returned in execute_many(
+                session,
+                statement,
+                [{**row, "failed_providers": Jsonb(row["failed_providers"])} for _, row in rows],
             )
-            for key, deposit in chunk:
-                if deposit.id in inserted:
-                    opened[key] = deposit.id
-                    written.append(deposit)
-        self._emit(session, written, states.SOURCE_SEEN, now)
+        }
+        opened = {key: row["id"] for key, row in rows if row["id"] in inserted}
+        self._emit(
+            session,
+            [SimpleNamespace(**row) for _, row in rows if row["id"] in inserted],
+            states.SOURCE_SEEN,
+            now,
+        )
         return opened
 
     @staticmethod
-    def _emit(session: Session, deposits: list[Deposit], status: str, now: datetime) -> None:
+    def _emit(session: Session, deposits: Sequence[Any], status: str, now: datetime) -> None:
         """The durable events of many status changes (written once each)."""
         event_type = states.EVENT_TYPES[status]
         rows = [
@@ -562,6 +603,30 @@ class Detection:
                 source_vanished_at=now,
             )
             return deposit
+
+    def pending(self, chain_id: int, limit: int) -> list[Any]:
+        """Deposits of a chain (not sandbox) waiting for finality, oldest block first:
+        id, block_number, block_hash, confirmations, required_confirmations (rows, not
+        ORM objects: the watcher looks at up to a thousand every round)."""
+        with self.db.reader() as session:
+            return list(
+                session.execute(
+                    sa.select(
+                        Deposit.id,
+                        Deposit.block_number,
+                        Deposit.block_hash,
+                        Deposit.confirmations,
+                        Deposit.required_confirmations,
+                    )
+                    .where(
+                        Deposit.status == states.SOURCE_SEEN,
+                        Deposit.chain_id == chain_id,
+                        Deposit.sandbox.is_(False),
+                    )
+                    .order_by(Deposit.block_number, Deposit.id)
+                    .limit(limit)
+                )
+            )
 
     def settled_above(self, chain_id: int, fork_from: int) -> list[Any]:
         """Deposits past `source_seen` recorded at or above a height (id, status, block)."""
@@ -658,11 +723,18 @@ class Detection:
         if not counts:
             return
         now = self.clock()
+        by_count: dict[int, list[str]] = {}
+        for deposit_id, count in counts.items():
+            by_count.setdefault(count, []).append(deposit_id)
         with self.db.transaction() as session:
-            for deposit_id, count in counts.items():
+            # One statement per count: deposits of a block share theirs.
+            for count, ids in by_count.items():
                 session.execute(
-                    sa.update(Deposit)
-                    .where(Deposit.id == deposit_id, Deposit.status == states.SOURCE_SEEN)
+                    sa.update(_DEPOSITS)
+                    .where(
+                        _DEPOSITS.c.id == sa.any_(_any(ids)),
+                        _DEPOSITS.c.status == states.SOURCE_SEEN,
+                    )
                     .values(confirmations=count, updated_at=now)
                 )
 

@@ -94,19 +94,6 @@ class DepositStore:
             .limit(limit)
         )
 
-    def pending_on_chain(self, chain_id: int, limit: int) -> list[Deposit]:
-        """Deposits of a chain (not sandbox) waiting for their confirmations."""
-        return self._detached(
-            sa.select(Deposit)
-            .where(
-                Deposit.status == states.SOURCE_SEEN,
-                Deposit.chain_id == chain_id,
-                Deposit.sandbox.is_(False),
-            )
-            .order_by(Deposit.block_number, Deposit.id)
-            .limit(limit)
-        )
-
     def pending_sandbox(self, limit: int) -> list[Deposit]:
         """Sandbox deposits waiting for their simulated confirmations."""
         return self._detached(

@@ -84,6 +84,17 @@ class TickResult:
         return self.scanned_blocks == 0 and self.final_blocks == 0
 
 
+@dataclass
+class _Position:
+    """The cursors and checkpoints as this round knows them (read once, kept in step
+    with what the round commits)."""
+
+    next_block: int
+    confirmed_block: int
+    #: Checkpoints: block number -> the hash read there.
+    checkpoints: dict[int, str]
+
+
 @dataclass(frozen=True)
 class _Range:
     """A range whose logs passed every check."""
@@ -136,21 +147,22 @@ class ChainWatcher:
         result = TickResult()
         head = self.reader.head()
         self._ensure_cursor(head)
-        self._check_reorg(head, result)
+        at = self._position()
+        self._check_reorg(head, at, result)
         self.addresses.refresh()
         if self.tokens:
-            self._read_final(head, result)
-            self._read_tip(head, result)
-        self._judge(head, result)
+            self._read_final(head, at, result)
+            self._read_tip(head, at, result)
+        self._judge(head, at, result)
         return result
 
     def next_block(self) -> int:
         """Where the reading at the tip continues (-1 before the first round)."""
-        return self._cursor()[0]
+        return self._position().next_block
 
     def confirmed_block(self) -> int:
         """Where the reading at finality continues (-1 before the first round)."""
-        return self._cursor()[1]
+        return self._position().confirmed_block
 
     def final_height(self, head: int) -> int:
         """The highest block a deposit may be confirmed in, with the node at `head`."""
@@ -163,13 +175,23 @@ class ChainWatcher:
 
     # --- the cursors ----------------------------------------------------------------------
 
-    def _cursor(self) -> tuple[int, int]:
+    def _position(self) -> _Position:
         with self.db.reader() as session:
             cursor = session.get(ChainCursor, self.chain_id)
             if cursor is None:
-                return -1, -1
+                return _Position(-1, -1, {})
+            rows = session.execute(
+                sa.select(ChainCheckpoint.number, ChainCheckpoint.hash).where(
+                    ChainCheckpoint.chain_id == self.chain_id
+                )
+            )
+            checkpoints = {number: block_hash for number, block_hash in rows}
             confirmed = cursor.confirmed_block
-            return cursor.next_block, cursor.next_block if confirmed is None else confirmed
+            return _Position(
+                cursor.next_block,
+                cursor.next_block if confirmed is None else confirmed,
+                checkpoints,
+            )
 
     def _ensure_cursor(self, head: int) -> None:
         with self.db.reader() as session:
@@ -207,7 +229,7 @@ class ChainWatcher:
                 )
 
     def _oldest_pending(self, session: Session) -> int | None:
-        pending = self.detection.store.pending_on_chain(self.chain_id, 1)
+        pending = self.detection.pending(self.chain_id, 1)
         return pending[0].block_number if pending else None
 
     def _lock_cursor(self, session: Session) -> ChainCursor:
@@ -221,7 +243,7 @@ class ChainWatcher:
 
     # --- reading a range --------------------------------------------------------------------
 
-    def _read(self, start: int, end: int) -> _Range | None:
+    def _read(self, start: int, end: int, at: _Position) -> _Range | None:
         """The range's logs if complete and canonical; None to try again later.
 
         The range may come back shorter than asked (the logs backend is behind).
@@ -263,7 +285,7 @@ class ChainWatcher:
                         end,
                     )
                     return None
-            parent = self._checkpoint(start - 1)
+            parent = at.checkpoints.get(start - 1)
             if parent is not None and canonical.get(start - 1) != parent:
                 return None  # a reorg under the range: the next round finds its fork
             return _Range(start, end, tip, logs)
@@ -277,14 +299,14 @@ class ChainWatcher:
 
     # --- the two readings -------------------------------------------------------------------
 
-    def _read_final(self, head: int, result: TickResult) -> None:
+    def _read_final(self, head: int, at: _Position, result: TickResult) -> None:
         final = self.final_height(head)
         for _ in range(MAX_RANGES_PER_TICK):
-            _, start = self._cursor()
+            start = at.confirmed_block
             end = min(final, start + self.max_range - 1)
             if start > end:
                 return
-            read = self._read(start, end)
+            read = self._read(start, end, at)
             if read is None:
                 result.refused += 1
                 return
@@ -300,17 +322,17 @@ class ChainWatcher:
                 self.detection.record_strays(session, self.chain, strays, self.stray_cap)
                 cursor.confirmed_block = read.end + 1
                 cursor.next_block = max(cursor.next_block, read.end + 1)
-                self._advance(session, cursor, read, head)
+                self._advance(session, cursor, read, head, at)
             result.final_blocks += read.end - read.start + 1
 
-    def _read_tip(self, head: int, result: TickResult) -> None:
+    def _read_tip(self, head: int, at: _Position, result: TickResult) -> None:
         safe = head - self.lag_blocks
         for _ in range(MAX_RANGES_PER_TICK):
-            start, _ = self._cursor()
+            start = at.next_block
             end = min(safe, start + self.max_range - 1)
             if start > end:
                 return
-            read = self._read(start, end)
+            read = self._read(start, end, at)
             if read is None:
                 result.refused += 1
                 return
@@ -324,7 +346,7 @@ class ChainWatcher:
                 result.new_deposits += recorded.new
                 result.moved += recorded.moved
                 cursor.next_block = read.end + 1
-                self._advance(session, cursor, read, head)
+                self._advance(session, cursor, read, head, at)
             result.scanned_blocks += read.end - read.start + 1
 
     def _strays(self, read: _Range) -> list[Sighting]:
@@ -333,83 +355,68 @@ class ChainWatcher:
         logs = self.reader.transfer_logs(read.start, read.end, None)
         return [s for s in self._deposits_in(logs) if s.transfer.token_address not in known]
 
-    def _advance(self, session: Session, cursor: ChainCursor, read: _Range, head: int) -> None:
+    def _advance(
+        self, session: Session, cursor: ChainCursor, read: _Range, head: int, at: _Position
+    ) -> None:
         cursor.head = head
         cursor.updated_at = self.detection.clock()
         session.merge(ChainCheckpoint(chain_id=self.chain_id, number=read.end, hash=read.tip.hash))
-        session.flush()
-        self._prune_checkpoints(session, cursor.confirmed_block or cursor.next_block)
-
-    # --- checkpoints and reorgs ---------------------------------------------------------------
-
-    def _checkpoint(self, number: int) -> str | None:
-        if number < 0:
-            return None
-        with self.db.reader() as session:
-            row = session.get(ChainCheckpoint, (self.chain_id, number))
-            return None if row is None else row.hash
-
-    def _prune_checkpoints(self, session: Session, confirmed_block: int) -> None:
-        """Keep every checkpoint from the finality cursor up and the 16 under it; further
-        down, the oldest and newest at each power-of-two distance. Any fork point is then
-        found within a few times its depth, and the first block ever read stays known."""
-        numbers = list(
-            session.scalars(
-                sa.select(ChainCheckpoint.number)
-                .where(
-                    ChainCheckpoint.chain_id == self.chain_id,
-                    ChainCheckpoint.number < confirmed_block - 1,
-                )
-                .order_by(ChainCheckpoint.number.desc())
-            )
+        at.checkpoints[read.end] = read.tip.hash
+        at.next_block = cursor.next_block
+        at.confirmed_block = (
+            cursor.next_block if cursor.confirmed_block is None else cursor.confirmed_block
         )
-        if len(numbers) <= RECENT_CHECKPOINTS:
-            return
-        oldest: dict[int, int] = {}
-        newest: dict[int, int] = {}
-        for number in numbers[RECENT_CHECKPOINTS:]:
-            bucket = (confirmed_block - number).bit_length()
-            oldest[bucket] = min(number, oldest.get(bucket, number))
-            newest[bucket] = max(number, newest.get(bucket, number))
-        keep = set(oldest.values()) | set(newest.values())
-        drop = [n for n in numbers[RECENT_CHECKPOINTS:] if n not in keep]
+        drop = self._thinned(at.checkpoints, at.confirmed_block)
         if drop:
             session.execute(
                 sa.delete(ChainCheckpoint).where(
                     ChainCheckpoint.chain_id == self.chain_id, ChainCheckpoint.number.in_(drop)
                 )
             )
+            for number in drop:
+                del at.checkpoints[number]
 
-    def _check_reorg(self, head: int, result: TickResult) -> None:
+    # --- checkpoints and reorgs ---------------------------------------------------------------
+
+    @staticmethod
+    def _thinned(checkpoints: dict[int, str], confirmed_block: int) -> list[int]:
+        """Checkpoints to drop: every one from the finality cursor up and the 16 under it
+        stay; further down, the oldest and newest at each power-of-two distance. Any fork
+        point is then found within a few times its depth, and the first block ever read
+        stays known."""
+        older = sorted((n for n in checkpoints if n < confirmed_block - 1), reverse=True)
+        if len(older) <= RECENT_CHECKPOINTS:
+            return []
+        oldest: dict[int, int] = {}
+        newest: dict[int, int] = {}
+        for number in older[RECENT_CHECKPOINTS:]:
+            bucket = (confirmed_block - number).bit_length()
+            oldest[bucket] = min(number, oldest.get(bucket, number))
+            newest[bucket] = max(number, newest.get(bucket, number))
+        keep = set(oldest.values()) | set(newest.values())
+        return [n for n in older[RECENT_CHECKPOINTS:] if n not in keep]
+
+    def _check_reorg(self, head: int, at: _Position, result: TickResult) -> None:
         """Move both cursors back to the fork point when read blocks were replaced."""
-        with self.db.reader() as session:
-            checkpoints = list(
-                session.execute(
-                    sa.select(ChainCheckpoint.number, ChainCheckpoint.hash)
-                    .where(ChainCheckpoint.chain_id == self.chain_id)
-                    .order_by(ChainCheckpoint.number.desc())
-                ).all()
-            )
-        known = [c for c in checkpoints if c.number <= head]
+        known = sorted((n for n in at.checkpoints if n <= head), reverse=True)
         if not known:
             return
-        next_block, _ = self._cursor()
-        top = self.reader.block(known[0].number)
+        top = self.reader.block(known[0])
         if top is None:
             return  # the node is behind its own head: judge nothing
-        if top.hash == known[0].hash:
-            if next_block <= head + 1:
+        if top.hash == at.checkpoints[known[0]]:
+            if at.next_block <= head + 1:
                 return  # the usual case: nothing changed
             # Blocks read before are past the head now: a shorter branch (or a node
             # behind). Read again from just above what still matches, before judging.
-            fork_from = known[0].number + 1
+            fork_from = known[0] + 1
         else:
-            canonical = self.reader.block_hashes(c.number for c in known)
-            matching = [c for c in known if canonical.get(c.number) == c.hash]
+            canonical = self.reader.block_hashes(known)
+            matching = [n for n in known if canonical.get(n) == at.checkpoints[n]]
             if matching:
-                fork_from = matching[0].number + 1
+                fork_from = matching[0] + 1
             else:
-                fork_from = known[-1].number
+                fork_from = known[-1]
                 log.critical(
                     "chain %s: reorg below every checkpoint kept; reading again from %s",
                     self.chain_id,
@@ -428,6 +435,12 @@ class ChainWatcher:
                     ChainCheckpoint.number >= fork_from,
                 )
             )
+            at.next_block = cursor.next_block
+            at.confirmed_block = (
+                cursor.next_block if cursor.confirmed_block is None else cursor.confirmed_block
+            )
+        for number in [n for n in at.checkpoints if n >= fork_from]:
+            del at.checkpoints[number]
         result.reorg_from = fork_from
         log.warning("chain %s: reorg; reading again from block %s", self.chain_id, fork_from)
         if deep:
@@ -440,10 +453,10 @@ class ChainWatcher:
 
     # --- pending deposits -----------------------------------------------------------------
 
-    def _judge(self, head: int, result: TickResult) -> None:
+    def _judge(self, head: int, at: _Position, result: TickResult) -> None:
         """Count confirmations; fail deposits whose transfer has been gone for the depth."""
-        next_block, _ = self._cursor()
-        pending = self.detection.store.pending_on_chain(self.chain_id, PENDING_BATCH)
+        next_block = at.next_block
+        pending = self.detection.pending(self.chain_id, PENDING_BATCH)
         heights = {d.block_number for d in pending if d.block_number is not None}
         canonical = self.reader.block_hashes(h for h in heights if h <= head) if heights else {}
         counts: dict[str, int] = {}

@@ -1,0 +1,72 @@
+"""What the chain watchers leave for ops to alert on, read from the database at scrape time
+(right in any process: the API's /metrics and the core worker's metrics port alike).
+
+- `settle_chain_incidents_open{chain_id,kind}`: open chain incidents. A `deep_reorg` is
+  a confirmed or credited deposit whose block left the canonical chain: page someone.
+- `settle_watcher_blocks_behind{chain_id,reading}`: how far each reading (`tip`,
+  `final`) is behind the head the watcher last saw. A reading stuck while the other
+  moves means its ranges are being refused (a logs backend behind, or on a stale fork).
+- `settle_stray_transfers{chain_id}`: transfers of unknown tokens kept for ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.core.deposits.models import ChainCursor, ChainIncident, StrayTransfer
+from shared.db import Database
+
+
+class ChainCollector(Collector):
+    """Chain incidents and watcher cursors, from the database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        incidents = GaugeMetricFamily(
+            "settle_chain_incidents_open",
+            "Open chain incidents (deep_reorg: a confirmed or credited deposit's block left "
+            "the canonical chain)",
+            labels=["chain_id", "kind"],
+        )
+        behind = GaugeMetricFamily(
+            "settle_watcher_blocks_behind",
+            "Blocks between the head a chain watcher last saw and where each reading continues",
+            labels=["chain_id", "reading"],
+        )
+        strays = GaugeMetricFamily(
+            "settle_stray_transfers",
+            "Transfers of unknown tokens to deposit addresses, kept for ops",
+            labels=["chain_id"],
+        )
+        with self._db.reader() as session:
+            for chain_id, kind, count in session.execute(
+                sa.select(ChainIncident.chain_id, ChainIncident.kind, sa.func.count())
+                .where(ChainIncident.resolved_at.is_(None))
+                .group_by(ChainIncident.chain_id, ChainIncident.kind)
+            ):
+                incidents.add_metric([str(chain_id), kind], count)
+            for cursor in session.scalars(sa.select(ChainCursor)):
+                if cursor.head is None:
+                    continue
+                final = (
+                    cursor.next_block
+                    if cursor.confirmed_block is None
+                    else (cursor.confirmed_block)
+                )
+                behind.add_metric(
+                    [str(cursor.chain_id), "tip"], cursor.head + 1 - cursor.next_block
+                )
+                behind.add_metric([str(cursor.chain_id), "final"], cursor.head + 1 - final)
+            for chain_id, count in session.execute(
+                sa.select(StrayTransfer.chain_id, sa.func.count()).group_by(StrayTransfer.chain_id)
+            ):
+                strays.add_metric([str(chain_id)], count)
+        yield incidents
+        yield behind
+        yield strays
