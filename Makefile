@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test test-fast lint format bench clean
+.PHONY: dev test test-fast lint format bench screenshots clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+## The portal's browser tests, writing a screenshot of each page to docs/portal/.
+screenshots: $(STAMP)
+	SETTLE_PORTAL_SCREENSHOTS=1 $(BIN)/pytest -q tests/browser
 
 ## Every benchmark (needs wrk, PostgreSQL, RabbitMQ); writes docs/PERFORMANCE.md.
 bench: $(STAMP)

@@ -105,6 +105,8 @@ Try:
     -H 'Content-Type: application/json' -d '{{"externalUserId":"user-1"}}'
   curl -s {base}/v1/deposits -H "Authorization: Bearer $KEY"
 OpenAPI: {base}/v1/openapi.json and {base}/v1/notifier/openapi.json
+Portal:  {base}/ (add a member first: settle members add --tenant {demo.tenant_id} \
+           --email you@example.com --role owner, password on stdin)
 """
 
 

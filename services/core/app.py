@@ -53,6 +53,10 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         portal_links,
     ):
         api.register_blueprint(module.blp)
+    # The portal's pages at /portal/ (static; they call the JSON APIs) and / redirecting there.
+    from services.portal.web import portal_blueprint
+
+    app.register_blueprint(portal_blueprint())
     # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
     from services.core.relay import api_metrics_registry
 

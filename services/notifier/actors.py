@@ -507,8 +507,16 @@ class Deliverer:
             # retries once the key is fixed, and say so loudly.
             log.error("cannot decrypt the secret of endpoint %s", claim.endpoint_id)
             raise
-        headers = signing.sign_headers(secrets, body, claim.event_id, claim.delivery_id)
         attempted_at = utcnow()
+        # Signed with the attempt's own time, so the API can show the timestamp header
+        # exactly as sent (the signature sent is recorded too).
+        headers = signing.sign_headers(
+            secrets,
+            body,
+            claim.event_id,
+            claim.delivery_id,
+            timestamp=int(attempted_at.timestamp()),
+        )
         result = self.sender.send(claim.endpoint.url, body, headers)
         self.metrics.attempt_latency.observe(result.latency_ms / 1000.0)
         if result.ok:

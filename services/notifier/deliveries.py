@@ -104,12 +104,6 @@ def store_event(
     return session.scalars(statement).one_or_none()
 
 
-def event_envelope(event: StoredEvent) -> dict[str, Any]:
-    """The envelope as sent (the stored body, parsed)."""
-    envelope: dict[str, Any] = json.loads(event.body)
-    return envelope
-
-
 # -- fan-out ------------------------------------------------------------------------
 
 

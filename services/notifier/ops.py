@@ -73,10 +73,10 @@ def deliveries_show(ctx: NotifierContext, args: argparse.Namespace) -> int:
     with ctx.db.reader() as session:
         delivery = deliveries.get_delivery(session, args.tenant, args.delivery_id)
         attempts = deliveries.attempts_of(session, delivery.id)
-        event = deliveries.event_envelope(deliveries.event_of(session, delivery))
+        body = deliveries.event_of(session, delivery).body
         _print(
             DeliveryDetailEnvelopeSchema(),
-            {"webhook_delivery": delivery_detail(delivery, attempts, event)},
+            {"webhook_delivery": delivery_detail(delivery, attempts, body)},
         )
     return 0
 

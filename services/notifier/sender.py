@@ -34,7 +34,7 @@ CONNECT_TIMEOUT_MAX_S = 5.0
 #: Sent on every delivery so receivers can tell our requests apart.
 USER_AGENT = "Settle-Webhooks/1"
 #: Headers of every request, before the delivery's own (built once, not per request).
-_BASE_HEADERS = {"User-Agent": USER_AGENT, "Accept": "*/*", "Accept-Encoding": "identity"}
+BASE_HEADERS = {"User-Agent": USER_AGENT, "Accept": "*/*", "Accept-Encoding": "identity"}
 #: Cloud metadata services, refused even though some sit in ranges judged elsewhere.
 METADATA_ADDRESSES = frozenset(
     {
@@ -286,7 +286,7 @@ class Sender:
         """One POST of the exact body bytes; never raises for network or HTTP failures."""
         if not self.allow_private and not url.lower().startswith("https://"):
             return SendResult(None, 0.0, INVALID_URL)
-        request_headers = {**_BASE_HEADERS, **headers}
+        request_headers = {**BASE_HEADERS, **headers}
         started = time.perf_counter()
         try:
             response = self._pool.urlopen(

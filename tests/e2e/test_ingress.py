@@ -351,8 +351,10 @@ CORE_PATHS = [
     "/v1/notifications",
 ]
 
+#: The portal's pages (and `/`, which redirects to them): core serves them.
+PORTAL_PATHS = ["/", "/portal", "/portal/", "/portal/link", "/portal/static/js/app.js"]
+
 NGINX_404_PATHS = [
-    "/",
     "/metrics",
     "/metrics/",
     "/metrics?name=x",
@@ -364,6 +366,9 @@ NGINX_404_PATHS = [
     "/v1/notifier/metrics",
     "/openapi.json",
     "/webhook-endpoints",
+    "/portalX",
+    "/portal-admin/",
+    "/PORTAL/",
 ]
 
 
@@ -377,6 +382,14 @@ def test_notifier_paths_reach_the_notifier(stack: Stack, path: str) -> None:
 
 @pytest.mark.parametrize("path", CORE_PATHS)
 def test_other_v1_paths_reach_core(stack: Stack, path: str) -> None:
+    reply = get(stack, path)
+    assert reply.status == 200, reply.body
+    assert reply.json()["service"] == "core"
+    assert reply.json()["path"] == path
+
+
+@pytest.mark.parametrize("path", PORTAL_PATHS)
+def test_the_portal_reaches_core(stack: Stack, path: str) -> None:
     reply = get(stack, path)
     assert reply.status == 200, reply.body
     assert reply.json()["service"] == "core"

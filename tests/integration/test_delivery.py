@@ -17,6 +17,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
+from services.notifier.app import create_app
 from services.notifier.models import DISABLED, FAILED, SUCCEEDED, Endpoint
 from services.notifier.sender import Sender
 from shared import events, signing
@@ -95,6 +96,31 @@ def test_delivery_is_signed_and_carries_the_exact_envelope(
     assert (
         registry.get_sample_value("settle_notifier_events_total", {"result": "stored"}) or 0
     ) >= 1
+
+
+def test_the_api_shows_each_attempt_exactly_as_sent(pipeline: Pipeline, rx: Receiver) -> None:
+    # Given a receiver that fails once, then takes the retry
+    rx.script("/as-sent", Answer.fail(503), Answer.ok())
+    tenant = make_tenant(pipeline.db)
+    _, secret = pipeline.endpoint(tenant.tenant_id, rx.url("/as-sent"), [events.DEPOSIT_CREDITED])
+    envelope = pipeline.emit(tenant.tenant_id, events.DEPOSIT_CREDITED, _deposit())
+    (delivery,) = pipeline.wait_status(envelope["id"], SUCCEEDED, timeout=30)
+    hits = rx.hits("/as-sent")
+    assert len(hits) == 2
+    # When support reads the delivery through the API
+    app = create_app(context=pipeline.ctx)
+    response = app.test_client().get(
+        f"/v1/webhook-deliveries/{delivery.id}", headers=tenant.headers
+    )
+    detail = response.get_json()["webhookDelivery"]
+    # Then the body is the exact bytes sent, and each attempt's headers are exactly the
+    # ones its request carried (the timestamp and signature of that attempt included)
+    assert detail["requestBody"].encode() == hits[0].body == hits[1].body
+    for attempt, hit in zip(detail["attempts"], hits, strict=True):
+        sent = attempt["requestHeaders"]
+        assert sent == {name: hit.headers[name.lower()] for name in sent}, (sent, hit.headers)
+        assert {"x-service-signature", "x-service-timestamp", "x-service-delivery-id"} <= set(sent)
+        assert signing.verify(secret, sent, hit.body, tolerance=3600)
 
 
 def test_unsubscribed_types_and_other_tenants_get_nothing(pipeline: Pipeline, rx: Receiver) -> None:

@@ -159,6 +159,12 @@ ROUTES: dict[tuple[str, str, str], Route] = {
         },
         isolation="not_found",
     ),
+    # -- core: the portal's pages (static files; their data comes from the APIs)
+    (CORE, "GET", "/"): Route("page", "/"),
+    (CORE, "GET", "/portal"): Route("page", "/portal"),
+    (CORE, "GET", "/portal/"): Route("page", "/portal/"),
+    (CORE, "GET", "/portal/link"): Route("page", "/portal/link"),
+    (CORE, "GET", "/portal/static/<path:name>"): Route("page", "/portal/static/js/app.js"),
     # -- core: access (API keys, members, portal links): admin and up
     (CORE, "GET", "/v1/api-keys"): Route(
         "tenant", "/v1/api-keys", "api_keys:write", "admin", isolation="own"
@@ -307,6 +313,8 @@ TENANT_ROUTES = [key for key, route in ROUTES.items() if route.auth == "tenant"]
 #: Routes only a signed-in member reaches.
 SESSION_ROUTES = [key for key, route in ROUTES.items() if route.auth == "session"]
 PUBLIC_ROUTES = [key for key, route in ROUTES.items() if route.auth == "public"]
+#: The portal's files: no tenant data, no credentials.
+PAGE_ROUTES = [key for key, route in ROUTES.items() if route.auth == "page"]
 #: Session routes that take the tenant id in the path.
 PATH_TENANT_ROUTES = [key for key in SESSION_ROUTES if "<tenantId>" in key[2]]
 #: Every route a signed-in member reaches.
@@ -536,6 +544,35 @@ def test_a_public_route_needs_no_credentials(
     # Then it answers (sign-in with an empty body: 400 naming the fields), never 401
     expected = 400 if key[2].startswith("/v1/sessions") else 200
     assert response.status_code == expected, response.get_json()
+
+
+@pytest.mark.parametrize("key", PAGE_ROUTES, ids=_id)
+def test_a_portal_page_is_a_file_with_no_data(
+    key: tuple[str, str, str], core_app: Flask, world: World
+) -> None:
+    # When a page route is asked with no credentials, and with A's owner's session
+    signed = core_app.test_client()
+    sign_in(signed, world.emails["a"])
+    for client in (core_app.test_client(), signed):
+        response = send(client, key, world)
+        # Then it is a redirect to /portal/ or the same static file for both
+        if key[2] in ("/", "/portal"):
+            assert response.status_code in (301, 302)
+            assert response.headers["Location"].endswith("/portal/")
+            continue
+        assert response.status_code == 200
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        text = response.get_data(as_text=True)
+        assert world.a.tenant_id not in text and world.emails["a"] not in text
+    # And nothing outside the app's folder is served
+    for escape in (
+        "/portal/static/../web.py",
+        "/portal/static/%2e%2e/web.py",
+        "/portal/static//etc/passwd",
+    ):
+        response = core_app.test_client().get(escape, follow_redirects=True)
+        assert response.status_code == 404, escape
 
 
 @pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)

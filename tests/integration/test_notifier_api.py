@@ -738,6 +738,14 @@ def test_a_delivery_shows_its_attempts_and_the_event_as_sent(
     body = shown.get_json()["webhookDelivery"]
     assert body["status"] == "succeeded" and body["attemptCount"] == 2
     assert body["succeededAt"] == iso_ms(t2) and body["lastResponseStatus"] == 204
+    # (each attempt's request headers as sent: the recorded signature, its own second)
+    sent = [attempt.pop("requestHeaders") for attempt in body["attempts"]]
+    for headers, signature, at in ((sent[0], "v1=aa", t1), (sent[1], "v1=bb", t2)):
+        assert headers["x-service-signature"] == signature
+        assert headers["x-service-timestamp"] == str(int(at.timestamp()))
+        assert headers["x-service-delivery-id"] == delivery.id
+        assert headers["x-service-event-id"] == delivery.event_id
+    assert body["requestBody"] == event.body
     assert body["attempts"] == [
         {
             "number": 1,

@@ -74,8 +74,8 @@ class WebhookDelivery(MethodView):
         with notifier().db.reader() as session:
             delivery = deliveries.get_delivery(session, tenant_id(), deliveryId)
             attempts = deliveries.attempts_of(session, delivery.id)
-            event = deliveries.event_envelope(deliveries.event_of(session, delivery))
-            return {"webhook_delivery": delivery_detail(delivery, attempts, event)}
+            body = deliveries.event_of(session, delivery).body
+            return {"webhook_delivery": delivery_detail(delivery, attempts, body)}
 
 
 @blp.route("/webhook-deliveries/<deliveryId>/replay")

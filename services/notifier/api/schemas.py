@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +25,9 @@ from services.notifier.models import (
     Delivery,
     Endpoint,
 )
+from services.notifier.sender import BASE_HEADERS
 from services.notifier.urls import MAX_URL_LENGTH
+from shared import signing
 from shared.api import ListArgs, Schema, StrictInteger, Timestamp, decode_cursor
 from shared.errors import InvalidRequest
 from shared.events import EVENT_TYPES
@@ -221,10 +224,23 @@ class AttemptSchema(Schema):
         allow_none=True,
         metadata={"description": "The first 4 KiB of the receiver's response body."},
     )
+    request_headers = ma.fields.Dict(
+        keys=ma.fields.String(),
+        values=ma.fields.String(),
+        required=True,
+        metadata={
+            "description": "The headers Settle set on this attempt's request, exactly as "
+            "sent (its timestamp and signature included)."
+        },
+    )
 
 
 class DeliveryDetailSchema(DeliverySchema):
     attempts = ma.fields.List(ma.fields.Nested(AttemptSchema), required=True)
+    request_body = ma.fields.String(
+        required=True,
+        metadata={"description": "The request body every attempt sent: the exact bytes."},
+    )
     event = ma.fields.Dict(
         required=True,
         metadata={
@@ -236,7 +252,8 @@ class DeliveryDetailSchema(DeliverySchema):
 
 #: Attributes a delivery shows (the fields of DeliverySchema).
 _DELIVERY_FIELDS = tuple(DeliverySchema().fields)
-_ATTEMPT_FIELDS = tuple(AttemptSchema().fields)
+#: Attributes an attempt row gives as they are (its request headers are rebuilt).
+_ATTEMPT_FIELDS = tuple(name for name in AttemptSchema().fields if name != "request_headers")
 
 
 def delivery_out(delivery: Delivery) -> dict[str, Any]:
@@ -244,14 +261,35 @@ def delivery_out(delivery: Delivery) -> dict[str, Any]:
     return {name: getattr(delivery, name) for name in _DELIVERY_FIELDS}
 
 
-def delivery_detail(
-    delivery: Delivery, attempts: list[Attempt], event: dict[str, Any]
-) -> dict[str, Any]:
+def delivery_detail(delivery: Delivery, attempts: list[Attempt], body: str) -> dict[str, Any]:
     """A delivery with its attempts and event, as DeliveryDetailSchema dumps them."""
     out = delivery_out(delivery)
-    out["attempts"] = [{name: getattr(a, name) for name in _ATTEMPT_FIELDS} for a in attempts]
-    out["event"] = event
+    out["attempts"] = [
+        {
+            **{name: getattr(a, name) for name in _ATTEMPT_FIELDS},
+            "request_headers": _request_headers(delivery, a),
+        }
+        for a in attempts
+    ]
+    out["event"] = json.loads(body)
+    out["request_body"] = body
     return out
+
+
+def _request_headers(delivery: Delivery, attempt: Attempt) -> dict[str, str]:
+    """The headers the attempt sent: the sender's, then the delivery's signed ones.
+
+    Each attempt is signed with its own `attempted_at` (whole seconds), so its
+    timestamp header is that; the signature sent is recorded with the attempt.
+    """
+    return {
+        **BASE_HEADERS,
+        "Content-Type": "application/json",
+        signing.SIGNATURE_HEADER: attempt.signature_header or "",
+        signing.TIMESTAMP_HEADER: str(int(attempt.attempted_at.timestamp())),
+        signing.EVENT_ID_HEADER: delivery.event_id,
+        signing.DELIVERY_ID_HEADER: delivery.id,
+    }
 
 
 class DeliveryEnvelopeSchema(Schema):

@@ -1,0 +1,164 @@
+// Deposits: search (external user id, status, chain, time) and one deposit's timeline
+// with the events and deliveries it caused.
+
+import { api, query } from "../api.js";
+import { go } from "../app.js";
+import {
+  badge,
+  code,
+  dl,
+  field,
+  form,
+  h,
+  input,
+  isoToLocal,
+  localToIso,
+  pager,
+  pre,
+  section,
+  select,
+  table,
+  time,
+} from "../ui.js";
+import { DEPOSIT_STATUSES, DURABLE, chainList, chainName, durableEventId } from "./shared.js";
+
+const listState = { stack: [], cursor: null, key: "" };
+
+export async function render(root, route) {
+  if (route.id) return renderOne(root, route.id);
+  return renderList(root, route.params);
+}
+
+async function renderList(root, params) {
+  const chains = await chainList();
+  const filters = {
+    externalUserId: params.get("externalUserId") || "",
+    status: params.get("status") || "",
+    chainId: params.get("chainId") || "",
+    createdAfter: params.get("createdAfter") || "",
+    createdBefore: params.get("createdBefore") || "",
+    limit: params.get("limit") || "",
+  };
+  const key = JSON.stringify(filters);
+  if (listState.key !== key) Object.assign(listState, { stack: [], key });
+  listState.cursor = params.get("cursor");
+
+  const user = input({ name: "externalUserId", value: filters.externalUserId });
+  const status = select([["", "Any status"], ...DEPOSIT_STATUSES], filters.status);
+  const chain = select(
+    [["", "Any chain"], ...chains.map((c) => [String(c.chainId), chainName(chains, c.chainId)])],
+    filters.chainId,
+  );
+  const after = input({ type: "datetime-local", value: isoToLocal(filters.createdAfter) });
+  const before = input({ type: "datetime-local", value: isoToLocal(filters.createdBefore) });
+  const search = form(
+    "Search deposits",
+    h(
+      "div",
+      { class: "filters" },
+      field("External user id", user),
+      field("Status", status),
+      field("Chain", chain),
+      field("Created after", after),
+      field("Created before", before),
+    ),
+    "Search",
+    async () =>
+      go("/deposits", {
+        externalUserId: user.value.trim(),
+        status: status.value,
+        chainId: chain.value,
+        createdAfter: localToIso(after.value),
+        createdBefore: localToIso(before.value),
+        limit: filters.limit,
+      }),
+  );
+  root.append(h("h1", {}, "Deposits"), search);
+  const body = await api(
+    "GET",
+    "/v1/deposits" + query({ ...filters, limit: filters.limit || 50, cursor: listState.cursor }),
+  );
+  root.append(
+    table("Deposits, newest first", [
+      { label: "Created", time: "createdAt", render: (d) => time(d.createdAt) },
+      { label: "Deposit", render: (d) => h("a", { href: `#/deposits/${d.id}` }, d.id) },
+      { label: "External user", render: (d) => d.externalUserId },
+      { label: "Chain", render: (d) => chainName(chains, d.chainId) },
+      { label: "Amount", render: (d) => `${d.amount} ${d.asset || ""}` },
+      { label: "Net USD", render: (d) => (d.netAmountUsd === null ? "—" : d.netAmountUsd.toFixed(2)) },
+      { label: "Status", render: (d) => badge(d.status) },
+    ], body.deposits, { empty: "No deposits match." }),
+    pager(listState, body.nextCursor, (cursor) => go("/deposits", { ...filters, cursor })),
+  );
+}
+
+/** Each status the deposit went through, with its time. */
+function timeline(deposit) {
+  if (Array.isArray(deposit.timeline)) {
+    return deposit.timeline.map((t) => ({ status: t.status, at: t.at, eventId: t.eventId || null }));
+  }
+  // Without a recorded timeline: the statuses the deposit's own times tell.
+  const steps = [{ status: "source_seen", at: deposit.createdAt }];
+  if (deposit.confirmedAt) steps.push({ status: "source_confirmed", at: deposit.confirmedAt });
+  if (deposit.creditedAt) steps.push({ status: "credited", at: deposit.creditedAt });
+  const last = steps[steps.length - 1].status;
+  if (deposit.status !== last && deposit.status !== "source_seen") {
+    steps.push({ status: deposit.status, at: deposit.updatedAt });
+  }
+  return steps.map((s) => ({
+    ...s,
+    eventId: DURABLE.includes(s.status) ? durableEventId(deposit.id, s.status) : null,
+  }));
+}
+
+async function renderOne(root, depositId) {
+  const [{ deposit }, chains] = await Promise.all([
+    api("GET", `/v1/deposits/${encodeURIComponent(depositId)}`),
+    chainList(),
+  ]);
+  const steps = timeline(deposit);
+  root.append(
+    h("p", {}, h("a", { href: "#/deposits" }, "← Deposits")),
+    h("h1", {}, "Deposit ", code(deposit.id)),
+    dl([
+      ["Status", badge(deposit.status)],
+      ["External user", h("a", { href: `#/accounts/${encodeURIComponent(deposit.externalUserId)}` }, deposit.externalUserId)],
+      ["Chain", chainName(chains, deposit.chainId)],
+      ["Amount", `${deposit.amount} ${deposit.asset || deposit.tokenAddress}`],
+      ["Amount (USD)", deposit.amountUsd === null ? "—" : deposit.amountUsd.toFixed(2)],
+      ["Settlement fee (USD)", deposit.settlementGasFeeUsd === null ? "—" : deposit.settlementGasFeeUsd.toFixed(2)],
+      ["Net (USD)", deposit.netAmountUsd === null ? "—" : deposit.netAmountUsd.toFixed(2)],
+      ["Deposit address", code(deposit.depositAddress)],
+      ["Source transaction", code(deposit.sourceTxHash)],
+      ["Confirmations", `${deposit.confirmations} of ${deposit.requiredConfirmations ?? "?"}`],
+      ["Destination", code(`${deposit.destination.address} on ${deposit.destination.chainId}`)],
+      ["Credit transaction", deposit.creditTxHash ? code(deposit.creditTxHash) : "—"],
+      ["Failure reason", deposit.failureReason || "—"],
+      ["Review reason", deposit.reviewReason || "—"],
+    ]),
+  );
+  const list = h("ol", { class: "timeline", "aria-label": "Timeline" });
+  for (const step of steps) {
+    list.append(h("li", {}, badge(step.status), " ", time(step.at)));
+  }
+  root.append(section("Timeline", list));
+
+  const caused = section("Events and deliveries");
+  root.append(caused);
+  const eventIds = steps.map((s) => s.eventId).filter(Boolean);
+  const found = await Promise.all(
+    eventIds.map((id) => api("GET", `/v1/webhook-deliveries?eventId=${encodeURIComponent(id)}&limit=50`)),
+  );
+  const rows = found.flatMap((b) => b.webhookDeliveries);
+  caused.append(
+    h("p", { class: "muted" }, "Events: ", eventIds.map((id, i) => [i ? ", " : "", code(id)])),
+    table("Deliveries of this deposit's events", [
+      { label: "Created", time: "createdAt", render: (d) => time(d.createdAt) },
+      { label: "Delivery", render: (d) => h("a", { href: `#/deliveries/${d.id}` }, d.id) },
+      { label: "Event type", render: (d) => d.eventType },
+      { label: "Status", render: (d) => badge(d.status) },
+      { label: "Attempts", render: (d) => String(d.attemptCount) },
+    ], rows, { empty: "No deliveries: no endpoint is subscribed to these events." }),
+  );
+  root.append(h("details", {}, h("summary", {}, "The deposit object (as in events)"), pre(deposit)));
+}

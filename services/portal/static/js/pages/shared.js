@@ -1,0 +1,61 @@
+// Things several pages show: statuses, chains, endpoints, event types.
+
+import { api } from "../api.js";
+
+export const DEPOSIT_STATUSES = [
+  "source_seen",
+  "source_confirmed",
+  "credit_submitted",
+  "credited",
+  "failed",
+  "manual_review_required",
+];
+export const DURABLE = ["source_seen", "source_confirmed", "credited", "failed"];
+export const DELIVERY_STATUSES = ["pending", "retrying", "succeeded", "failed"];
+
+let chains = null;
+/** GET /v1/chains, once per page load. */
+export async function chainList() {
+  if (!chains) chains = (await api("GET", "/v1/chains")).chains;
+  return chains;
+}
+
+export function chainName(list, chainId) {
+  const chain = list.find((c) => c.chainId === chainId);
+  return chain ? `${chain.name} (${chainId})` : String(chainId);
+}
+
+let catalog = null;
+/** GET /v1/event-types (every type, its description, schema and example). */
+export async function eventTypes() {
+  if (!catalog) {
+    try {
+      catalog = (await api("GET", "/v1/event-types")).eventTypes;
+    } catch (err) {
+      // Before the catalog route existed: the types the notifier's document lists.
+      const doc = await api("GET", "/v1/notifier/openapi.json");
+      const names = doc.components.schemas.Endpoint.properties.eventTypes.items.enum;
+      catalog = names.map((type) => ({ type, description: "", schema: null, example: null }));
+    }
+  }
+  return catalog;
+}
+
+/** Every endpoint of the tenant (walks the cursors; tenants have at most a few dozen). */
+export async function allEndpoints() {
+  const out = [];
+  let cursor = null;
+  for (let page = 0; page < 20; page += 1) {
+    const path = "/v1/webhook-endpoints?limit=200" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+    const body = await api("GET", path);
+    out.push(...body.webhookEndpoints);
+    cursor = body.nextCursor;
+    if (!cursor) break;
+  }
+  return out;
+}
+
+/** The durable event id of a deposit's status (interface: evt_dep_<id>_<status>). */
+export function durableEventId(depositId, status) {
+  return `evt_dep_${depositId}_${status}`;
+}

@@ -1,0 +1,492 @@
+"""The portal's pages, driven in Chromium as people would use them.
+
+Each test signs in through the form (or opens a portal link) and clicks through the
+pages; what it checks of Settle's state it checks through the API, so the pages are
+proven against the same back-end tenants use.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+import requests
+
+from shared import signing
+from tests.browser.conftest import ROLES, Portal, loaded, screenshot, sign_in
+from tests.support.receiver import Answer, Receiver
+
+pytestmark = pytest.mark.browser
+
+#: Navigation each role sees (a portal link's session sees the webhook pages only).
+MEMBER_NAV = [
+    "Overview",
+    "Deposits",
+    "Accounts",
+    "Policy",
+    "Endpoints",
+    "Deliveries",
+    "Event catalog",
+]
+ADMIN_NAV = [*MEMBER_NAV, "API keys", "Members"]
+LINK_NAV = ["Endpoints", "Deliveries", "Event catalog"]
+
+
+def nav_items(page: Any) -> list[str]:
+    return [t.strip() for t in page.locator("#nav a").all_inner_texts()]
+
+
+def first_hit(receiver: Receiver, path: str) -> Any:
+    """The first request `path` received (waiting up to 20 s for it)."""
+    assert receiver.wait_for(lambda r: bool(r.hits(path)), timeout=20), path
+    return receiver.hits(path)[0]
+
+
+def make_endpoint(portal: Portal, url: str, types: list[str] | None = None) -> dict[str, Any]:
+    body = {
+        "name": f"hook-{uuid.uuid4().hex[:6]}",
+        "url": url,
+        "eventTypes": types or ["webhook.test"],
+    }
+    made: dict[str, Any] = portal.call("POST", "/v1/webhook-endpoints", body)
+    return made
+
+
+# -- roles --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_sees_only_what_it_may(
+    page: Any, portal: Portal, receiver: Receiver, role: str
+) -> None:
+    # Given a delivery, and a member of `role` signed in through the form
+    endpoint_id = make_endpoint(portal, receiver.url("/roles"))["webhookEndpoint"]["id"]
+    test = portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")
+    delivery_id = test["webhookDelivery"]["id"]
+    sign_in(page, portal, role)
+    writes = role != "viewer"
+    admin = role in ("admin", "owner")
+    # Then the navigation shows API keys and members to admins and owners only
+    assert nav_items(page) == (ADMIN_NAV if admin else MEMBER_NAV)
+    assert page.locator("#who").inner_text().strip().startswith(portal.emails[role])
+    # And the write controls exist exactly for developers and up
+    page.locator("#nav").get_by_role("link", name="Endpoints").click()
+    page.get_by_role("heading", name="Webhook endpoints").wait_for()
+    loaded(page)
+    assert page.get_by_role("button", name="Create endpoint").count() == int(writes)
+    page.locator("#nav").get_by_role("link", name="Policy").click()
+    page.get_by_role("heading", name="Destination policy").wait_for()
+    loaded(page)
+    assert page.get_by_role("button", name="Save policy").count() == int(writes)
+    page.locator("#nav").get_by_role("link", name="Deliveries").click()
+    page.get_by_role("heading", name="Deliveries").wait_for()
+    loaded(page)
+    assert page.get_by_role("button", name=f"Replay {delivery_id}").count() == int(writes)
+    # And the access pages open for admins; others are told their role cannot see them
+    page.goto("/portal/#/keys")
+    page.get_by_role("heading", name="API keys").wait_for()
+    loaded(page)
+    assert page.get_by_text("Your role cannot see this page.").count() == int(not admin)
+    assert page.get_by_text("Create an API key").count() == int(admin)
+
+
+def test_a_wrong_password_is_refused_in_place(page: Any, portal: Portal) -> None:
+    page.goto("/")
+    page.get_by_label("Email").fill(portal.emails["owner"])
+    page.get_by_label("Password").fill("not the password")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("alert").filter(has_text="Email or password is wrong").wait_for()
+    assert page.get_by_role("heading", name="Sign in to Settle").is_visible()
+    screenshot(page, "sign-in")
+
+
+def test_the_keyboard_alone_signs_in_and_moves_around(page: Any, portal: Portal) -> None:
+    # Given the sign-in page, focus in the first field
+    page.goto("/")
+    page.get_by_label("Email").wait_for()
+    assert page.evaluate("document.activeElement.type") == "email"
+    # When a person types, tabs and presses Enter, with no mouse
+    page.keyboard.type(portal.emails["viewer"])
+    page.keyboard.press("Tab")
+    page.keyboard.type("correct horse battery staple")
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Overview").wait_for()
+    # Then (focus is on the page's heading) Shift+Tab walks back through the header to the
+    # navigation, and Enter follows a link
+    focused = []
+    for _ in range(12):
+        page.keyboard.press("Shift+Tab")
+        focused.append(page.evaluate("document.activeElement.textContent.trim()"))
+        if focused[-1] == "Deliveries":
+            break
+    assert focused[0] == "Sign out" and focused[-1] == "Deliveries", focused
+    page.keyboard.press("Enter")
+    page.get_by_role("heading", name="Deliveries").wait_for()
+    # And the filter form works from the keyboard: a select, then Enter submits
+    loaded(page)
+    page.get_by_label("Status").focus()
+    for _ in range(4):  # Any status -> pending -> retrying -> succeeded -> failed
+        page.keyboard.press("ArrowDown")
+    assert page.get_by_label("Status").input_value() == "failed"
+    page.keyboard.press("Tab")  # into "Created after"; Enter there submits the form
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r"status=failed"))
+
+
+# -- endpoints ----------------------------------------------------------------------
+
+
+def test_create_an_endpoint_and_copy_its_secret(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    sign_in(page, portal, "developer")
+    page.goto("/portal/#/endpoints")
+    # When the developer creates an endpoint for webhook.test
+    name = f"ledger-{uuid.uuid4().hex[:6]}"
+    page.get_by_label("Name", exact=True).fill(name)
+    page.get_by_label("URL").fill(receiver.url("/created"))
+    page.get_by_label("webhook.test").check()
+    page.get_by_role("button", name="Create endpoint").click()
+    # Then the secret is shown once, and Copy puts it on the clipboard
+    secret_box = page.get_by_label("Signing secret")
+    secret = secret_box.input_value()
+    assert secret.startswith("whsec_")
+    screenshot(page, "endpoint-created")
+    page.get_by_role("button", name="Copy").click()
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    # And the copied secret verifies a test delivery the endpoint's page sends
+    page.get_by_role("link", name="Open the endpoint").click()
+    page.get_by_role("heading", name=re.compile(f"Endpoint {name}")).wait_for()
+    screenshot(page, "endpoint")
+    page.get_by_role("button", name="Send test").click()
+    page.get_by_role("heading", name=re.compile("Delivery")).wait_for()
+    hit = first_hit(receiver, "/created")
+    signing.verify(secret, hit.headers, hit.body)
+
+
+def test_rotate_a_secret_with_an_overlap(page: Any, portal: Portal, receiver: Receiver) -> None:
+    endpoint = make_endpoint(portal, receiver.url("/rotate"))
+    old = endpoint["secret"]
+    endpoint_id = endpoint["webhookEndpoint"]["id"]
+    sign_in(page, portal, "developer")
+    page.goto(f"/portal/#/endpoints/{endpoint_id}")
+    # When the developer rotates, keeping the old secret for an hour
+    page.get_by_label("Keep the old secret valid for").select_option("3600")
+    page.get_by_role("button", name="Rotate secret").click()
+    new = page.get_by_label("New signing secret").input_value()
+    # Then a new secret is shown, the old one still signs for an hour, and both sign
+    assert new.startswith("whsec_") and new != old
+    state = portal.call("GET", f"/v1/webhook-endpoints/{endpoint_id}")["webhookEndpoint"]
+    assert state["previousSecretExpiresAt"] is not None
+    portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")
+    hit = first_hit(receiver, "/rotate")
+    signing.verify(new, hit.headers, hit.body)
+    signing.verify(old, hit.headers, hit.body)
+
+
+def test_disable_enable_and_delete_an_endpoint(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    endpoint_id = make_endpoint(portal, receiver.url("/toggle"))["webhookEndpoint"]["id"]
+    sign_in(page, portal, "developer")
+    page.goto(f"/portal/#/endpoints/{endpoint_id}")
+    page.get_by_role("button", name="Disable").click()
+    page.get_by_role("button", name="Enable").wait_for()
+    assert (
+        portal.call("GET", f"/v1/webhook-endpoints/{endpoint_id}")["webhookEndpoint"]["status"]
+        == "disabled"
+    )
+    page.get_by_role("button", name="Enable").click()
+    page.get_by_role("button", name="Disable").wait_for()
+    # Delete asks first; Cancel keeps it
+    page.get_by_role("button", name="Delete").click()
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_role("button", name="Delete").click()
+    page.get_by_role("button", name="Yes, delete").click()
+    page.get_by_role("heading", name="Webhook endpoints").wait_for()
+    gone = requests.get(
+        f"{portal.base}/v1/webhook-endpoints/{endpoint_id}", headers=portal.headers, timeout=10
+    )
+    assert gone.status_code == 404
+
+
+# -- deposits -----------------------------------------------------------------------
+
+
+def test_a_sandbox_deposit_appears_with_its_timeline(page: Any, portal: Portal) -> None:
+    # Given an account and a sandbox deposit to it (made through the API), credited
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    destination = {
+        "chainId": 8453,
+        "address": "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+        "tokenAddress": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+    }
+    account = portal.call(
+        "POST", "/v1/deposit-accounts", {"externalUserId": user, "destination": destination}
+    )["depositAccount"]
+    address = next(a for a in account["depositAddresses"] if a["chainId"] == 137)
+    deposit = portal.call(
+        "POST",
+        "/v1/sandbox/deposits",
+        {"depositAddress": address["address"], "chainId": 137, "asset": "USDC", "amount": "125.50"},
+    )["deposit"]
+    portal.wait_for(
+        "GET", f"/v1/deposits/{deposit['id']}", lambda b: b["deposit"]["status"] == "credited"
+    )
+    # When a viewer searches the deposits by the external user id
+    sign_in(page, portal, "viewer")
+    page.goto("/portal/#/deposits")
+    page.get_by_label("External user id").fill(user)
+    page.get_by_role("button", name="Search").click()
+    row = page.get_by_role("row").filter(has_text=deposit["id"])
+    row.wait_for()
+    assert "credited" in row.inner_text()
+    screenshot(page, "deposits")
+    # Then the deposit's page shows its timeline, each status with its time
+    page.get_by_role("link", name=deposit["id"]).click()
+    timeline = page.get_by_role("list", name="Timeline")
+    timeline.wait_for()
+    steps = timeline.get_by_role("listitem")
+    texts = steps.all_inner_texts()
+    assert [t.split()[0] for t in texts] == ["source_seen", "source_confirmed", "credited"], texts
+    for i in range(steps.count()):
+        assert steps.nth(i).locator("time").get_attribute("title").endswith("UTC")
+    screenshot(page, "deposit")
+    # And the account page lists its addresses
+    page.get_by_role("link", name=user).first.click()
+    page.get_by_role("table", name="Deposit addresses").wait_for()
+    assert address["address"] in page.get_by_role("table", name="Deposit addresses").inner_text()
+    screenshot(page, "account")
+
+
+# -- deliveries ---------------------------------------------------------------------
+
+
+def test_a_failing_delivery_shows_its_attempts_and_replay_makes_it_succeed(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint whose receiver fails every attempt, and a delivery that failed
+    receiver.script("/fails", Answer.fail(500, b"receiver is down"))
+    endpoint_id = make_endpoint(portal, receiver.url("/fails"))["webhookEndpoint"]["id"]
+    delivery = portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")["webhookDelivery"]
+    failed = portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries/{delivery['id']}",
+        lambda b: b["webhookDelivery"]["status"] == "failed",
+    )["webhookDelivery"]
+    assert len(failed["attempts"]) == 3
+    # When support filters the deliveries by status and opens the failed one
+    sign_in(page, portal, "developer")
+    page.goto("/portal/#/deliveries")
+    page.get_by_label("Endpoint").select_option(endpoint_id)
+    page.get_by_label("Status").select_option("failed")
+    page.get_by_role("button", name="Filter").click()
+    page.get_by_role("row").filter(has_text=delivery["id"]).wait_for()
+    screenshot(page, "deliveries")
+    page.get_by_role("link", name=delivery["id"]).click()
+    # Then every attempt shows its status, latency and the receiver's answer
+    attempts = page.locator("li.attempt")
+    attempts.first.wait_for()
+    assert attempts.count() == 3
+    first = attempts.first
+    assert "500" in first.inner_text()
+    first.get_by_text("Response (first 4 KiB)").wait_for()
+    assert "receiver is down" in first.inner_text()
+    first.get_by_text("Request headers and body as sent").click()
+    assert delivery["eventId"] in first.inner_text()
+    screenshot(page, "delivery")
+    # When the receiver is fixed and support presses Replay
+    receiver.script("/fails", Answer.ok())
+    page.get_by_role("button", name=f"Replay {delivery['id']}").click()
+    page.wait_for_url(lambda url: "/deliveries/" in url and delivery["id"] not in url)
+    replay_id = page.url.rsplit("/", 1)[1]
+    assert replay_id != delivery["id"]
+    # Then the replay succeeds, naming the delivery it replays
+    done = portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries/{replay_id}",
+        lambda b: b["webhookDelivery"]["status"] == "succeeded",
+    )["webhookDelivery"]
+    assert done["replayOf"] == delivery["id"] and done["eventId"] == delivery["eventId"]
+    page.reload()
+    page.get_by_text("succeeded").first.wait_for()
+    # And the overview shows the endpoint's health with its last failure
+    page.locator("#nav").get_by_role("link", name="Overview").click()
+    page.get_by_role("heading", name="Overview").wait_for()
+    loaded(page)
+    screenshot(page, "overview")
+
+
+def test_lists_page_with_cursors_and_sort_by_time(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given 3 deliveries to one endpoint
+    endpoint_id = make_endpoint(portal, receiver.url("/paged"))["webhookEndpoint"]["id"]
+    made = [
+        portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")["webhookDelivery"]["id"]
+        for _ in range(3)
+    ]
+    sign_in(page, portal, "viewer")
+    # When the list shows 2 per page
+    page.goto(f"/portal/#/deliveries?endpointId={endpoint_id}&limit=2")
+    table = page.get_by_role("table", name="Deliveries, newest first")
+    table.wait_for()
+
+    def ids() -> list[str]:
+        return [i for i in re.findall(r"whd_\w+", table.inner_text())]
+
+    # Then page 1 has the newest two, Next shows the first one, Previous goes back
+    assert ids() == [made[2], made[1]]
+    page.get_by_role("button", name="Next page").click()
+    page.get_by_text("Page 2").wait_for()
+    assert ids() == [made[0]]
+    page.get_by_role("button", name="Previous page").click()
+    page.get_by_text("Page 1").wait_for()
+    assert ids() == [made[2], made[1]]
+    # And the time column sorts oldest first, and back
+    header = table.get_by_role("columnheader", name=re.compile("Created"))
+    header.get_by_role("button").click()
+    assert header.get_attribute("aria-sort") == "ascending"
+    assert ids() == [made[1], made[2]]
+
+
+def test_times_are_in_the_viewers_zone_with_utc_on_hover(browser: Any, portal: Portal) -> None:
+    context = browser.new_context(base_url=portal.base, timezone_id="Asia/Tokyo", locale="en-GB")
+    try:
+        page = context.new_page()
+        sign_in(page, portal, "viewer")
+        page.goto("/portal/#/members")  # refused to a viewer: use the deliveries list
+        page.goto("/portal/#/deliveries")
+        first = page.locator("table time").first
+        first.wait_for()
+        title, shown = first.get_attribute("title"), first.inner_text()
+        assert title.endswith(" UTC") and re.match(
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC", title
+        )
+        # Tokyo is UTC+9: the shown hour is 9 hours on from the UTC one
+        utc_hour = int(title[11:13])
+        assert f"{(utc_hour + 9) % 24:02d}:" in shown and "GMT+9" in shown, (title, shown)
+    finally:
+        context.close()
+
+
+# -- event catalog ------------------------------------------------------------------
+
+
+def test_the_catalog_lists_every_type(page: Any, portal: Portal) -> None:
+    sign_in(page, portal, "viewer")
+    page.goto("/portal/#/events")
+    page.get_by_role("heading", name="Event catalog").wait_for()
+    loaded(page)
+    types = portal.call("GET", "/v1/notifier/openapi.json", None)["components"]["schemas"]
+    names = types["Endpoint"]["properties"]["eventTypes"]["items"]["enum"]
+    for name in names:
+        assert page.get_by_role("heading", name=name, exact=True).count() == 1, name
+    screenshot(page, "events")
+
+
+# -- access -------------------------------------------------------------------------
+
+
+def test_create_and_revoke_an_api_key(page: Any, portal: Portal) -> None:
+    sign_in(page, portal, "admin")
+    page.goto("/portal/#/keys")
+    page.get_by_text("Create an API key").click()
+    name = f"support-{uuid.uuid4().hex[:6]}"
+    page.get_by_label("Name").fill(name)
+    page.get_by_label("webhooks:read").check()
+    page.get_by_role("button", name="Create key").click()
+    key = page.get_by_label("API key", exact=True).input_value()
+    assert key.startswith("sk_")
+    endpoints = f"{portal.base}/v1/webhook-endpoints"
+    auth = {"Authorization": f"Bearer {key}"}
+    assert requests.get(endpoints, headers=auth, timeout=10).status_code == 200
+    screenshot(page, "api-key-created")
+    # When the admin revokes it from the list
+    page.get_by_role("button", name="Back to the list").click()
+    row = page.get_by_role("row").filter(has_text=name)
+    row.get_by_role("button", name="Revoke").click()
+    row.get_by_role("button", name="Yes, revoke").click()
+    page.get_by_role("row").filter(has_text=name).filter(has_text="revoked").wait_for()
+    screenshot(page, "api-keys")
+    # Then the key fails at once
+    assert requests.get(endpoints, headers=auth, timeout=10).status_code == 401
+
+
+def test_an_admin_adds_a_member_and_changes_the_role(page: Any, portal: Portal) -> None:
+    sign_in(page, portal, "admin")
+    page.goto("/portal/#/members")
+    page.get_by_text("Add a member").click()
+    email = f"new-{uuid.uuid4().hex[:8]}@example.com"
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Role", exact=True).select_option("developer")
+    page.get_by_label("First password").fill("a long enough password")
+    # An admin cannot give owner: it is not offered
+    assert "owner" not in page.get_by_label("Role", exact=True).inner_text()
+    page.get_by_role("button", name="Add member").click()
+    row = page.get_by_role("row").filter(has_text=email)
+    row.wait_for()
+    row.get_by_label(f"Role of {email}").select_option("viewer")
+    row.get_by_role("button", name="Change role").click()
+    page.get_by_role("status").filter(has_text=f"{email} is now viewer").wait_for()
+    members = portal.call("GET", "/v1/members?limit=200")["members"]
+    assert next(m for m in members if m["email"] == email)["role"] == "viewer"
+    screenshot(page, "members")
+
+
+def test_an_embedded_link_opens_the_webhook_pages_once(browser: Any, portal: Portal) -> None:
+    # Given a portal link the tenant's server made for its support staff
+    link = portal.call("POST", "/v1/portal-links", {"role": "viewer"})["portalLink"]
+    first = browser.new_context()
+    try:
+        page = first.new_page()
+        # When support opens it
+        page.goto(link["url"])
+        # Then they are on the webhook pages, signed in by the link, and see only those
+        page.get_by_role("heading", name="Webhook endpoints").wait_for()
+        assert nav_items(page) == LINK_NAV
+        assert "Portal link" in page.locator("#who").inner_text()
+        assert page.url.endswith("/portal/#/endpoints")  # the token left the address bar
+        assert page.get_by_role("button", name="Create endpoint").count() == 0
+        page.goto(f"{portal.base}/portal/#/deposits")
+        page.get_by_text("Your role cannot see this page.").wait_for()
+    finally:
+        first.close()
+    # And the link is spent: opening it again, anywhere, finds it expired
+    second = browser.new_context()
+    try:
+        page = second.new_page()
+        page.goto(link["url"])
+        page.get_by_text("This portal link has expired or was already used").wait_for()
+        screenshot(page, "link-expired")
+    finally:
+        second.close()
+
+
+def test_every_field_is_labelled(page: Any, portal: Portal) -> None:
+    sign_in(page, portal, "owner")
+    unlabelled_js = """
+        [...document.querySelectorAll('main input, main select, main textarea')]
+          .filter(el => el.type !== 'hidden' && !(el.labels && el.labels.length)
+                        && !el.getAttribute('aria-label'))
+          .map(el => el.outerHTML)
+    """
+    for route in (
+        "/",
+        "/deposits",
+        "/accounts",
+        "/policy",
+        "/endpoints",
+        "/deliveries",
+        "/events",
+        "/keys",
+        "/members",
+    ):
+        page.goto(f"/portal/#{route}")
+        page.locator("main h1").wait_for()
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate(unlabelled_js) == [], route
+        if route in ("/accounts", "/policy"):
+            screenshot(page, route.strip("/") or "overview")
