@@ -1,7 +1,8 @@
 """The authenticated caller of a request, and what it may hand out.
 
 No caller grants more than it holds: a key creates keys with its own scopes at most
-and members whose role acts within them; a member grants roles up to their own.
+and members whose role acts within them (never an owner); a member grants roles up
+to their own.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ class Principal:
         """Whether this caller may give (or take from) a member `role`.
 
         A member: roles up to their own (an admin never makes or touches an owner). A
-        key: roles whose sessions act within the key's scopes.
+        key: roles whose sessions act within the key's scopes, never an owner's: an
+        admin may make a key with every scope, and such a key making owners would make
+        every admin an owner. Owners are made by owners (or `settle members add`).
         """
         if self.api_key_id is not None:
-            return role_scopes(role) <= self.scopes
+            return role != "owner" and role_scopes(role) <= self.scopes
         return self.link_id is None and role_at_least(self.role, role)
 
     def may_grant_link(self, role: str) -> bool:

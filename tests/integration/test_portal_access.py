@@ -210,6 +210,32 @@ def test_an_admin_neither_makes_nor_touches_an_owner(core_app: Flask, tenant: Te
     assert ok(client.get("/v1/sessions/current"))["session"]["role"] == "admin"
 
 
+def test_an_admin_cannot_become_an_owner_through_a_key_it_makes(
+    core_app: Flask, tenant: TenantKeys
+) -> None:
+    # Given an admin, who may make API keys with every scope
+    admin = tenant.signed_in("admin")
+    made = admin.client(core_app).post(
+        "/v1/api-keys", json={"scopes": list(SCOPES)}, headers=admin.headers
+    )
+    full_key = _bearer(ok(made)["secret"])
+    client = core_app.test_client()
+    # When that key adds an owner, or makes the admin one
+    email = f"me-too-{uuid.uuid4().hex[:8]}@example.com"
+    add = client.post(
+        "/v1/members",
+        json={"email": email, "role": "owner", "password": PASSWORD},
+        headers=full_key,
+    )
+    promote = client.patch(
+        f"/v1/members/{admin.member_id}", json={"role": "owner"}, headers=full_key
+    )
+    # Then both are refused: only an owner makes an owner
+    assert_error(add, 403, "forbidden")
+    assert_error(promote, 403, "forbidden")
+    assert ok(admin.client(core_app).get("/v1/sessions/current"))["session"]["role"] == "admin"
+
+
 def test_a_key_makes_only_members_who_act_within_its_scopes(
     core_app: Flask, tenant: TenantKeys
 ) -> None:
@@ -220,11 +246,11 @@ def test_a_key_makes_only_members_who_act_within_its_scopes(
     # When it adds a viewer (who would read every deposit), Then 403
     response = client.post("/v1/members", json={**body, "password": PASSWORD}, headers=narrow)
     assert_error(response, 403, "forbidden")
-    # And the tenant's full-scope key may add an owner
+    # And the tenant's full-scope key may add an admin (never an owner: see above)
     full = client.post(
-        "/v1/members", json={**body, "role": "owner", "password": PASSWORD}, headers=tenant.headers
+        "/v1/members", json={**body, "role": "admin", "password": PASSWORD}, headers=tenant.headers
     )
-    assert ok(full)["member"]["role"] == "owner"
+    assert ok(full)["member"]["role"] == "admin"
 
 
 def test_a_removed_member_is_signed_out_at_once(
