@@ -490,3 +490,40 @@ def test_every_field_is_labelled(page: Any, portal: Portal) -> None:
         assert page.evaluate(unlabelled_js) == [], route
         if route in ("/accounts", "/policy"):
             screenshot(page, route.strip("/") or "overview")
+
+
+def test_hostile_names_are_shown_as_text(page: Any, portal: Portal, receiver: Receiver) -> None:
+    # Given objects whose names and ids are markup (anyone with a key can set them)
+    markup = '<img src=x onerror="window.__owned=1"><script>window.__owned=2</script>'
+    portal.call(
+        "POST",
+        "/v1/webhook-endpoints",
+        {"name": markup[:200], "url": receiver.url("/x"), "eventTypes": ["webhook.test"]},
+    )
+    portal.call(
+        "POST",
+        "/v1/deposit-accounts",
+        {
+            "externalUserId": f"<b>{uuid.uuid4().hex[:6]}</b><script>window.__owned=3</script>",
+            "destination": {
+                "chainId": 8453,
+                "address": "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+                "tokenAddress": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+            },
+            "metadata": {"note": markup},
+        },
+    )
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    sign_in(page, portal, "owner")
+    # When the pages that show them render
+    for route in ("/", "/endpoints", "/accounts"):
+        page.goto(f"/portal/#{route}")
+        page.locator("main h1").wait_for()
+        loaded(page)
+        # Then the markup is text on the page, and none of it ran
+        assert page.evaluate("window.__owned") is None, route
+        assert page.locator("main img, main script, main b").count() == 0, route
+        shown = page.locator("main").inner_text()
+        assert "<script>window.__owned=" in shown, route
+    assert dialogs == []
