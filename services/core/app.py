@@ -30,6 +30,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         api_keys,
         chains,
         deposits,
+        event_types,
         fee_preview,
         members,
         policy,
@@ -41,6 +42,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
 
     for module in (
         chains,
+        event_types,
         status,
         policy,
         accounts,

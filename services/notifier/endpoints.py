@@ -27,6 +27,7 @@ from services.notifier.models import (
 )
 from services.notifier.secrets import SecretBox, new_secret
 from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
 from shared.ids import new_id
 from shared.timefmt import utcnow
@@ -78,7 +79,7 @@ def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -
     kept: list[str] = []
     for event_type in event_types:
         if event_type not in EVENT_TYPES:
-            raise _field_error(field, f"unknown event type {event_type!r}")
+            raise _field_error(field, unknown_type_message(event_type))
         if event_type not in kept:
             kept.append(event_type)
     if not kept:

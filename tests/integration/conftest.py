@@ -18,6 +18,7 @@ from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER
 from tests.conftest import PASSWORD, TenantKeys, make_tenant
+from tests.support.catalog import conforming
 
 #: Canonical token contracts of chains.toml.
 USDC_ETH = "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48"
@@ -75,12 +76,13 @@ def create_account(
 def outbox_events(
     db: Database, tenant_id: str, event_type: str | None = None
 ) -> list[dict[str, Any]]:
-    """The tenant's outbox envelopes, oldest first."""
+    """The tenant's outbox envelopes, oldest first; each matches the event catalog."""
     query = sa.select(OutboxEvent.body).where(OutboxEvent.tenant_id == tenant_id)
     if event_type is not None:
         query = query.where(OutboxEvent.event_type == event_type)
     with db.reader() as session:
-        return [json.loads(body) for body in session.scalars(query.order_by(OutboxEvent.id))]
+        bodies = session.scalars(query.order_by(OutboxEvent.id))
+        return [conforming(json.loads(body)) for body in bodies]
 
 
 @pytest.fixture

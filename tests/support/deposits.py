@@ -32,6 +32,7 @@ from services.core.deposits.settling import Settling
 from services.core.models import ChainFee, DepositAccount, DepositAddress, OutboxEvent
 from shared.db import Database
 from shared.timefmt import utcnow
+from tests.support.catalog import conforming
 from tests.support.keys import test_xpub
 
 Clock = Callable[[], datetime]
@@ -235,14 +236,14 @@ def deposits_of(db: Database, account: AccountRef) -> list[Deposit]:
 
 
 def events_of(db: Database, tenant_id: str) -> list[dict[str, Any]]:
-    """The tenant's outbox events (decoded envelopes), oldest first."""
+    """The tenant's outbox events (decoded envelopes), oldest first; each matches the catalog."""
     with db.reader() as session:
         bodies = session.scalars(
             sa.select(OutboxEvent.body)
             .where(OutboxEvent.tenant_id == tenant_id)
             .order_by(OutboxEvent.id)
         )
-        return [json.loads(body) for body in bodies]
+        return [conforming(json.loads(body)) for body in bodies]
 
 
 def deposit_event_types(db: Database, deposit_id: str) -> list[str]:

@@ -30,10 +30,10 @@ from services.notifier.urls import MAX_URL_LENGTH
 from shared import signing
 from shared.api import ListArgs, Schema, StrictInteger, Timestamp, decode_cursor
 from shared.errors import InvalidRequest
+from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
 from shared.idempotency import OPENAPI_PARAMETER
 
-_UNKNOWN_TYPE = "unknown event type; one of the types listed under Events"
 _id_validator = ma.validate.Regexp(ID_PATTERN, error="not an id of this API")
 
 #: OpenAPI description of the Idempotency-Key header every POST takes.
@@ -44,9 +44,14 @@ KEY_REUSED = "idempotency_key_reused: the Idempotency-Key came with another requ
 TOO_LARGE = "payload_too_large (body over 256 KiB)"
 
 
+def _known_event_type(value: str) -> None:
+    if value not in EVENT_TYPES:
+        raise ma.ValidationError(unknown_type_message(value))
+
+
 def event_type_field(**kwargs: Any) -> ma.fields.String:
     return ma.fields.String(
-        validate=ma.validate.OneOf(EVENT_TYPES, error=_UNKNOWN_TYPE),
+        validate=_known_event_type,
         metadata={"enum": list(EVENT_TYPES)},
         **kwargs,
     )

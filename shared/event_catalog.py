@@ -1,0 +1,730 @@
+"""The event catalog: each event type, when it fires, the JSON Schema of its body, an example.
+
+One source for three readers: `GET /v1/event-types` (core), docs/EVENTS.md (its
+catalog section is rendered from here: `python -m shared.event_catalog`) and the
+error that refuses an unknown type. A test validates real emitted events against
+these schemas, so the catalog cannot drift from what receivers get.
+
+Each schema describes the whole body a receiver gets (the envelope, with the
+type's `data`). Schemas leave `additionalProperties` open on purpose: Settle may
+add fields, and a receiver must accept them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared import events
+
+#: JSON Schema dialect of every schema here.
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+#: Extension type of DESIGN.md; the notifier emits it when it disables an endpoint.
+#: Served as soon as `shared.events.EVENT_TYPES` lists it.
+WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
+
+# -- building blocks ----------------------------------------------------------------
+
+_TIMESTAMP = {
+    "type": "string",
+    "format": "date-time",
+    "description": "ISO 8601 UTC with milliseconds.",
+    "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$",
+}
+_ADDRESS = {
+    "type": "string",
+    "pattern": "^0x[0-9a-fA-F]{40}$",
+    "description": "EVM address, EIP-55 checksummed.",
+}
+_TX_HASH = {"type": "string", "pattern": "^0x[0-9a-fA-F]{64}$"}
+_USD = {"type": ["number", "null"]}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    out = dict(schema)
+    kind = out["type"]
+    out["type"] = [*kind, "null"] if isinstance(kind, list) else [kind, "null"]
+    return out
+
+
+def _object(properties: dict[str, Any], *, description: str | None = None) -> dict[str, Any]:
+    """An object whose properties are all present (null where the schema allows it)."""
+    out: dict[str, Any] = {"type": "object"}
+    if description:
+        out["description"] = description
+    out["required"] = list(properties)
+    out["properties"] = properties
+    return out
+
+
+_DESTINATION = _object(
+    {
+        "chainId": {"type": "integer"},
+        "address": _ADDRESS,
+        "tokenAddress": _ADDRESS,
+    },
+    description="A settlement destination: chain, wallet and token contract.",
+)
+
+_DEPOSIT_ACCOUNT = _object(
+    {
+        "id": {"type": "string"},
+        "externalUserId": {"type": "string", "minLength": 1, "maxLength": 255},
+        "status": {"type": "string", "enum": ["active"]},
+        "destination": _DESTINATION,
+        "depositAddresses": {
+            "type": "array",
+            "items": _object(
+                {
+                    "chainId": {"type": "integer"},
+                    "address": _ADDRESS,
+                    "assets": {"type": "array", "items": {"type": "string"}},
+                }
+            ),
+        },
+        "metadata": {
+            "type": "object",
+            "description": "The tenant's key-value data ({} when none was given).",
+        },
+        "createdAt": _TIMESTAMP,
+        "updatedAt": _TIMESTAMP,
+    },
+    description="The deposit account, as GET /v1/deposit-accounts/{externalUserId} serves it.",
+)
+
+_DEPOSIT_STATUSES = [
+    "source_seen",
+    "source_confirmed",
+    "credit_submitted",
+    "credited",
+    "failed",
+    "manual_review_required",
+]
+
+_DEPOSIT = _object(
+    {
+        "id": {"type": "string", "pattern": "^dep_", "description": "`dep_...`"},
+        "accountId": {"type": "string", "description": "The deposit account's id."},
+        "externalUserId": {"type": "string", "description": "Your id of the account's user."},
+        "status": {"type": "string", "enum": _DEPOSIT_STATUSES},
+        "chainId": {"type": "integer", "description": "Chain the deposit arrived on."},
+        "depositAddress": _ADDRESS,
+        "asset": {"type": ["string", "null"], "description": "Null for an unsupported token."},
+        "tokenAddress": _ADDRESS,
+        "decimals": {"type": ["integer", "null"], "description": "The token's decimals."},
+        "amount": {
+            "type": "string",
+            "pattern": r"^\d+(\.\d+)?$",
+            "description": "Token units as a decimal string (base units when the token is "
+            "unsupported and its decimals unknown).",
+        },
+        "amountRaw": {"type": "string", "pattern": r"^\d+$", "description": "Base units."},
+        "amountUsd": {**_USD, "description": "USD value when detected; null without a price."},
+        "settlementGasFeeUsd": {
+            **_USD,
+            "description": "The chain's flat settlement fee, recorded at settlement.",
+        },
+        "netAmountUsd": {**_USD, "description": "amountUsd - settlementGasFeeUsd."},
+        "sourceTxHash": {**_TX_HASH, "description": "The incoming transfer's transaction."},
+        "logIndex": {"type": "integer", "description": "The transfer's log in that transaction."},
+        "fromAddress": {**_nullable(_ADDRESS), "description": "The sender."},
+        "blockNumber": {"type": ["integer", "null"], "description": "Block of the transfer."},
+        "blockHash": _nullable(_TX_HASH),
+        "confirmations": {"type": "integer", "description": "Blocks seen on the transfer's."},
+        "requiredConfirmations": {
+            "type": "integer",
+            "description": "Confirmations before it counts (the chain's depth).",
+        },
+        "destination": {
+            **_DESTINATION,
+            "description": "The account's destination when the deposit was detected.",
+        },
+        "route": {
+            "type": ["string", "null"],
+            "enum": ["direct", "inventory", "routed", "manual", None],
+            "description": "How it settles; null until settlement starts.",
+        },
+        "creditTxHash": {
+            "type": ["string", "null"],
+            "description": "The payment to the destination; null until credited.",
+        },
+        "failureReason": {
+            "type": ["string", "null"],
+            "description": "reorged, below_minimum, below_fee, sandbox_outcome, or ops text.",
+        },
+        "reviewReason": {
+            "type": ["string", "null"],
+            "description": "Why a person must look (manual_review_required).",
+        },
+        "sandbox": {"type": "boolean", "description": "Made by POST /v1/sandbox/deposits."},
+        "createdAt": _TIMESTAMP,
+        "updatedAt": _TIMESTAMP,
+        "confirmedAt": {**_nullable(_TIMESTAMP), "description": "When it was confirmed."},
+        "creditedAt": {**_nullable(_TIMESTAMP), "description": "When it was credited."},
+    },
+    description="The deposit object, as GET /v1/deposits serves it.",
+)
+
+_WEBHOOK_ENDPOINT = _object(
+    {
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "url": {"type": "string"},
+        "eventTypes": {"type": "array", "items": {"type": "string"}},
+        "status": {"type": "string", "enum": ["enabled", "disabled"]},
+        "disabledReason": {"type": ["string", "null"]},
+        "previousSecretExpiresAt": _nullable(_TIMESTAMP),
+        "createdAt": _TIMESTAMP,
+        "updatedAt": _TIMESTAMP,
+    },
+    description="The endpoint, as GET /v1/webhook-endpoints serves it (never its secret).",
+)
+
+
+#: Objects several types share, by name: `$defs` of the schemas, sections of the docs.
+#: A schema names one by holding that very dict (identity, not equality).
+NAMED_OBJECTS: dict[str, dict[str, Any]] = {
+    "Deposit": _DEPOSIT,
+    "DepositAccount": _DEPOSIT_ACCOUNT,
+    "Destination": _DESTINATION,
+    "WebhookEndpoint": _WEBHOOK_ENDPOINT,
+}
+
+
+def _named(schema: Any) -> str | None:
+    """The name of the shared object this schema is (its own description aside), or None."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    for name, named in NAMED_OBJECTS.items():
+        if schema is named or (
+            {k: v for k, v in schema.items() if k != "description"}
+            == {k: v for k, v in named.items() if k != "description"}
+        ):
+            return name
+    return None
+
+
+def _with_refs(schema: Any, used: set[str]) -> Any:
+    """A copy of the schema with each named object replaced by a `$ref` to its `$defs` entry."""
+    name = _named(schema)
+    if name is not None:
+        used.add(name)
+        ref = {"$ref": f"#/$defs/{name}"}
+        if schema.get("description") != NAMED_OBJECTS[name].get("description"):
+            ref["description"] = schema["description"]
+        return ref
+    if isinstance(schema, dict):
+        return {key: _with_refs(value, used) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_with_refs(item, used) for item in schema]
+    return schema
+
+
+def _defs(used: set[str]) -> dict[str, Any]:
+    """`$defs` for the named objects used, and for those they use in turn."""
+    defs: dict[str, Any] = {}
+    pending = sorted(used)
+    while pending:
+        name = pending.pop()
+        if name in defs:
+            continue
+        inner: set[str] = set()
+        # The object itself is not replaced by a ref to itself: walk its members.
+        defs[name] = {k: _with_refs(v, inner) for k, v in NAMED_OBJECTS[name].items()}
+        pending += sorted(inner - set(defs))
+    return {name: defs[name] for name in NAMED_OBJECTS if name in defs}
+
+
+def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of a whole delivery body of this type."""
+    used: set[str] = set()
+    data_schema = _with_refs(data, used)
+    schema: dict[str, Any] = {
+        "$schema": DIALECT,
+        "title": event_type,
+        "type": "object",
+        "required": ["id", "type", "createdAt", "tenantId", "data"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^evt_", "description": "Deduplicate on it."},
+            "type": {"const": event_type},
+            "createdAt": _TIMESTAMP,
+            "tenantId": {"type": "string", "format": "uuid"},
+            "data": data_schema,
+        },
+    }
+    if used:
+        schema["$defs"] = _defs(used)
+    return copy.deepcopy(schema)
+
+
+# -- examples -----------------------------------------------------------------------
+
+_TENANT_ID = "6f1c2a8e-4b3d-4e5f-9a7b-1c2d3e4f5a6b"
+_WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
+_USDC_BASE = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+_USDC_POLYGON = "0x3c499c542cEF5E3811e1192ce70d8cC03d5c3359"
+_ACCOUNT_EXAMPLE: dict[str, Any] = {
+    "id": "acct_01JD3Y8Q2X4N6R5T7V9W0Z1A2B",
+    "externalUserId": "user-42",
+    "status": "active",
+    "destination": {"chainId": 8453, "address": _WALLET, "tokenAddress": _USDC_BASE},
+    "depositAddresses": [
+        {
+            "chainId": 1,
+            "address": "0x9858EfFD232B4033E47d90003D41EC34EcaEda94",
+            "assets": ["USDC", "USDT"],
+        },
+        {
+            "chainId": 137,
+            "address": "0x6Fac4D18c912343BF86fa7049364Dd4E424Ab9C0",
+            "assets": ["USDC", "USDT"],
+        },
+        {
+            "chainId": 8453,
+            "address": "0xb6716976A3ebe8D39aCEB04372f22Ff8e6802D7A",
+            "assets": ["USDC"],
+        },
+    ],
+    "metadata": {"tier": "gold"},
+    "createdAt": "2026-11-21T04:02:11.408Z",
+    "updatedAt": "2026-11-21T04:02:11.408Z",
+}
+
+
+def _deposit_example(status: str) -> dict[str, Any]:
+    """A 125.50 USDC deposit on Polygon settling to USDC on Base, at `status`."""
+    confirmed = status != "source_seen"
+    settling = status in {"credit_submitted", "credited"}
+    credited = status == "credited"
+    deposit: dict[str, Any] = {
+        "id": "dep_01JD3Y9X8M2K4Q7R5T6V8W0Z1A",
+        "accountId": _ACCOUNT_EXAMPLE["id"],
+        "externalUserId": "user-42",
+        "status": status,
+        "chainId": 137,
+        "depositAddress": "0x6Fac4D18c912343BF86fa7049364Dd4E424Ab9C0",
+        "asset": "USDC",
+        "tokenAddress": _USDC_POLYGON,
+        "decimals": 6,
+        "amount": "125.50",
+        "amountRaw": "125500000",
+        "amountUsd": 125.5,
+        "settlementGasFeeUsd": 0.01 if settling else None,
+        "netAmountUsd": 125.49 if settling else None,
+        "sourceTxHash": "0x4e3a3754410177e6937ef1f84bba68ea139e8d1a2258c5f85db9f1cd715a1bdd",
+        "logIndex": 3,
+        "fromAddress": "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
+        "blockNumber": 64213377,
+        "blockHash": "0x8f5bab218b6bb34476f51ca588e9f4553a3a7ce5e13a66c660a5283e97e9a85a",
+        "confirmations": 128 if confirmed else 1,
+        "requiredConfirmations": 128,
+        "destination": {"chainId": 8453, "address": _WALLET, "tokenAddress": _USDC_BASE},
+        "route": {"credit_submitted": "routed", "credited": "inventory"}.get(status),
+        "creditTxHash": (
+            "0xd1c6a4a5e2b8f4e4f3b7c0a9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9"
+            if credited
+            else None
+        ),
+        "failureReason": None,
+        "reviewReason": "no_route" if status == "manual_review_required" else None,
+        "sandbox": False,
+        "createdAt": "2026-11-21T04:10:02.117Z",
+        "updatedAt": "2026-11-21T04:11:28.123Z",
+        "confirmedAt": "2026-11-21T04:11:27.950Z" if confirmed else None,
+        "creditedAt": "2026-11-21T04:11:28.123Z" if credited else None,
+    }
+    if status == "failed":
+        # Dust: under Polygon's floor, so it is never settled and has no net amount.
+        deposit.update(amount="0.40", amountRaw="400000", amountUsd=0.4)
+        deposit["failureReason"] = "below_minimum"
+    return deposit
+
+
+_ENDPOINT_EXAMPLE: dict[str, Any] = {
+    "id": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B",
+    "name": "Production ledger",
+    "url": "https://hooks.example.com/settle",
+    "eventTypes": ["deposit.credited", "deposit.failed"],
+    "status": "disabled",
+    "disabledReason": "failing",
+    "previousSecretExpiresAt": None,
+    "createdAt": "2026-11-18T09:30:00.000Z",
+    "updatedAt": "2026-11-21T04:11:28.123Z",
+}
+
+
+# -- the catalog --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventType:
+    """One entry of the catalog."""
+
+    type: str
+    #: When it fires, in one sentence (Markdown).
+    summary: str
+    #: What else a receiver should know (Markdown).
+    details: str
+    #: JSON Schema of `data`.
+    data_schema: dict[str, Any]
+    #: An example `data`.
+    data_example: dict[str, Any]
+    #: Event id of the example (durable deposit events have a predictable one).
+    example_id: str = "evt_01JD3YB6Q3W5E7R9T1Y3U5I7O9"
+
+    @property
+    def description(self) -> str:
+        return f"{self.summary} {self.details}"
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """JSON Schema of the whole body a receiver gets."""
+        return _envelope(self.type, self.data_schema)
+
+    @property
+    def example(self) -> dict[str, Any]:
+        """An example body, as a receiver gets it."""
+        return {
+            "id": self.example_id,
+            "type": self.type,
+            "createdAt": "2026-11-21T04:11:28.123Z",
+            "tenantId": _TENANT_ID,
+            "data": copy.deepcopy(self.data_example),
+        }
+
+    def document(self) -> dict[str, Any]:
+        """The wire form of GET /v1/event-types."""
+        return {
+            "type": self.type,
+            "description": self.description,
+            "schema": self.schema,
+            "example": self.example,
+        }
+
+
+def _deposit_event(status: str, summary: str, details: str) -> EventType:
+    durable = status in events.DURABLE_DEPOSIT_STATUSES
+    return EventType(
+        type=f"deposit.{status}",
+        summary=summary,
+        details=details,
+        data_schema=_object({"deposit": _DEPOSIT}),
+        data_example={"deposit": _deposit_example(status)},
+        example_id=(
+            events.durable_event_id("dep_01JD3Y9X8M2K4Q7R5T6V8W0Z1A", status)
+            if durable
+            else "evt_01JD3YB6Q3W5E7R9T1Y3U5I7O9"
+        ),
+    )
+
+
+_DURABLE = "Durable: emitted at most once per deposit, with id `evt_dep_<depositId>_{status}`."
+
+#: Every entry written, including types not emitted yet (see `catalog`).
+ENTRIES: tuple[EventType, ...] = (
+    EventType(
+        type=events.ACCOUNT_CREATED,
+        summary="A deposit account was created (POST /v1/deposit-accounts).",
+        details="An idempotent retry of the same request, or a 409 `account_exists`, "
+        "emits nothing.",
+        data_schema=_object({"depositAccount": _DEPOSIT_ACCOUNT}),
+        data_example={"depositAccount": _ACCOUNT_EXAMPLE},
+    ),
+    EventType(
+        type=events.ACCOUNT_DESTINATION_UPDATED,
+        summary="An account's settlement destination was changed (PATCH "
+        "/v1/deposit-accounts/{externalUserId}/destination).",
+        details="Every successful PATCH "
+        "emits one, even when the destination is the same as before. Deposits already "
+        "detected keep the destination they were detected with.",
+        data_schema=_object(
+            {
+                "depositAccount": _DEPOSIT_ACCOUNT,
+                "priorDestination": {
+                    **_DESTINATION,
+                    "type": ["object", "null"],
+                    "description": "The destination before the change; null when none "
+                    "was recorded.",
+                },
+                "apiKeyId": {
+                    "type": "string",
+                    "description": "Id (`key_...`) of the API key that made the change.",
+                },
+            }
+        ),
+        data_example={
+            "depositAccount": {
+                **_ACCOUNT_EXAMPLE,
+                "destination": {"chainId": 137, "address": _WALLET, "tokenAddress": _USDC_POLYGON},
+                "updatedAt": "2026-11-21T04:11:28.123Z",
+            },
+            "priorDestination": {"chainId": 8453, "address": _WALLET, "tokenAddress": _USDC_BASE},
+            "apiKeyId": "key_01JD3Y7K5H3G1F9D7S5A3P1O9I",
+        },
+    ),
+    _deposit_event(
+        "source_seen",
+        "A transfer to one of the account's deposit addresses was seen on chain, not yet "
+        "confirmed.",
+        "It may still vanish in a reorg (then `deposit.failed` with "
+        "`failureReason: reorged`). " + _DURABLE.format(status="source_seen"),
+    ),
+    _deposit_event(
+        "source_confirmed",
+        "The transfer has the chain's required confirmations (`requiredConfirmations`); "
+        "settlement starts.",
+        _DURABLE.format(status="source_confirmed"),
+    ),
+    _deposit_event(
+        "credit_submitted",
+        "Best effort: a routed settlement was handed to a route provider and is in flight.",
+        "Direct and inventory settlements skip it, and it may be skipped in any "
+        "case: drive state from `deposit.credited` and `deposit.failed`.",
+    ),
+    _deposit_event(
+        "credited",
+        "The net amount was paid to the destination: `creditTxHash` is the payment.",
+        "A settlement receipt: the deposit object says what arrived, the fee, what was paid "
+        "and where. Also sent when ops credit a deposit manually, days later if need "
+        "be. " + _DURABLE.format(status="credited"),
+    ),
+    _deposit_event(
+        "failed",
+        "The deposit will not be credited: `failureReason` says why.",
+        "`below_minimum`: under the chain's `minDepositUsd`; `below_fee`: not worth the "
+        "fee; `reorged`: the transfer vanished before confirmation; `sandbox_outcome`; or "
+        "ops' text. " + _DURABLE.format(status="failed"),
+    ),
+    _deposit_event(
+        "manual_review_required",
+        "A person must look at the deposit; `reviewReason` says why.",
+        "For example `unsupported_token`, `no_price`, `no_route`, `route_failed`. Ops "
+        "end it in `deposit.credited` or `deposit.failed`. Not durable: a deposit may "
+        "need review more than once.",
+    ),
+    EventType(
+        type=events.WEBHOOK_TEST,
+        summary="Sent by POST /v1/webhook-endpoints/{endpointId}/test to that endpoint "
+        "alone, whether or not it subscribes to `webhook.test`.",
+        details="Use it to check that your "
+        "receiver answers 2xx and verifies signatures; `settle listen` prints it.",
+        data_schema=_object(
+            {
+                "endpointId": {"type": "string", "description": "The endpoint tested."},
+                "message": {"type": "string"},
+            }
+        ),
+        data_example={
+            "endpointId": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B",
+            "message": "Test delivery from Settle",
+        },
+    ),
+    EventType(
+        type=events.API_KEY_REVOKED,
+        summary="An API key of the tenant was revoked (`settle api-keys revoke`, or the portal).",
+        details="From `revokedAt` on, the key answers 401.",
+        data_schema=_object(
+            {
+                "apiKeyId": {"type": "string", "description": "The revoked key's id, `key_...`."},
+                "revokedAt": _TIMESTAMP,
+            }
+        ),
+        data_example={
+            "apiKeyId": "key_01JD3Y7K5H3G1F9D7S5A3P1O9I",
+            "revokedAt": "2026-11-21T04:11:28.123Z",
+        },
+    ),
+    EventType(
+        type=events.INVENTORY_LOW_BALANCE,
+        summary="Settle's own balance of a token on a chain, which pays inventory "
+        "settlements at once, fell under its threshold.",
+        details="Sent once per crossing to each "
+        "tenant whose accounts settle in that token. Until it is refilled, settlements "
+        "there may take a slower route.",
+        data_schema=_object(
+            {
+                "inventory": _object(
+                    {
+                        "chainId": {"type": "integer"},
+                        "asset": {"type": "string"},
+                        "tokenAddress": _ADDRESS,
+                        "balance": {"type": "string", "description": "Token units."},
+                        "lowThreshold": {"type": "string", "description": "Token units."},
+                        "updatedAt": _TIMESTAMP,
+                    }
+                )
+            }
+        ),
+        data_example={
+            "inventory": {
+                "chainId": 8453,
+                "asset": "USDC",
+                "tokenAddress": _USDC_BASE,
+                "balance": "980.25",
+                "lowThreshold": "1000",
+                "updatedAt": "2026-11-21T04:11:28.123Z",
+            }
+        },
+    ),
+    EventType(
+        type=events.ROUTE_PROVIDER_DEGRADED,
+        summary="A route provider (a bridge used by routed settlements) failed its "
+        "health checks or too many routes in a row, and is avoided until it recovers.",
+        details="A platform notice, sent to every tenant with deposit accounts.",
+        data_schema=_object(
+            {
+                "provider": _object(
+                    {
+                        "name": {"type": "string"},
+                        "status": {"type": "string", "enum": ["degraded"]},
+                        "reason": {"type": ["string", "null"]},
+                        "consecutiveFailures": {"type": "integer"},
+                        "since": _TIMESTAMP,
+                    }
+                )
+            }
+        ),
+        data_example={
+            "provider": {
+                "name": "bridge-a",
+                "status": "degraded",
+                "reason": "health check failed: HTTP 503",
+                "consecutiveFailures": 3,
+                "since": "2026-11-21T04:11:28.123Z",
+            }
+        },
+    ),
+    EventType(
+        type=WEBHOOK_ENDPOINT_DISABLED,
+        summary="One of the tenant's webhook endpoints was disabled.",
+        details="`reason` is `failing` (every attempt failed for days) or `manual` "
+        "(PATCH). Sent to the "
+        "tenant's other endpoints subscribed to it, never to the disabled one.",
+        data_schema=_object(
+            {
+                "webhookEndpoint": _WEBHOOK_ENDPOINT,
+                "reason": {"type": "string", "enum": ["failing", "manual"]},
+            }
+        ),
+        data_example={"webhookEndpoint": _ENDPOINT_EXAMPLE, "reason": "failing"},
+    ),
+)
+
+
+def catalog() -> tuple[EventType, ...]:
+    """Every event type Settle emits, in the order of `shared.events.EVENT_TYPES`."""
+    by_type = {entry.type: entry for entry in ENTRIES}
+    return tuple(by_type[t] for t in events.EVENT_TYPES)
+
+
+def get(event_type: str) -> EventType:
+    """The entry of one type (KeyError for a type Settle does not emit)."""
+    if event_type not in events.EVENT_TYPES:
+        raise KeyError(event_type)
+    return next(entry for entry in ENTRIES if entry.type == event_type)
+
+
+def documents() -> list[dict[str, Any]]:
+    """`eventTypes` of GET /v1/event-types."""
+    return [entry.document() for entry in catalog()]
+
+
+def unknown_type_message(event_type: object) -> str:
+    """The error for a type that is not in the catalog; it lists the valid ones."""
+    shown = repr(event_type)
+    if len(shown) > 80:  # never echo a huge input back whole
+        shown = shown[:77] + "..."
+    return (
+        f"unknown event type {shown}; the event types are: "
+        + ", ".join(events.EVENT_TYPES)
+        + " (GET /v1/event-types describes each)"
+    )
+
+
+# -- docs/EVENTS.md -----------------------------------------------------------------
+
+BEGIN_MARK = "<!-- catalog: generated by `python -m shared.event_catalog`; do not edit -->"
+END_MARK = "<!-- end of catalog -->"
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return "".join(ch for ch in title.lower() if ch.isalnum() or ch in "-_ ").replace(" ", "-")
+
+
+def _type_text(schema: dict[str, Any]) -> str:
+    """A field's type for a person: `string or null`, a link to a shared object, an enum."""
+    name = _named(schema)
+    if name is not None:
+        return f"[{name}](#{_anchor(name)})"
+    if "const" in schema:
+        return f"`{json.dumps(schema['const'])}`"
+    kinds = schema.get("type", "any")
+    text = " or ".join(kinds) if isinstance(kinds, list) else str(kinds)
+    if "enum" in schema:
+        values = ", ".join(f"`{v}`" for v in schema["enum"] if v is not None)
+        text += f": {values}"
+    return text
+
+
+def _fields_table(schema: dict[str, Any]) -> list[str]:
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for name, field in schema["properties"].items():
+        meaning = field.get("description", "").replace("|", "\\|")
+        rows.append(f"| `{name}` | {_type_text(field)} | {meaning} |")
+    return rows
+
+
+def _json_block(value: Any) -> list[str]:
+    return ["```json", json.dumps(value, indent=2), "```"]
+
+
+def markdown() -> str:
+    """The catalog section of docs/EVENTS.md: a summary table, each type, shared objects."""
+    out = [BEGIN_MARK, "", "| type | fires when |", "|---|---|"]
+    entries = catalog()
+    for entry in entries:
+        out.append(f"| [`{entry.type}`](#{_anchor(entry.type)}) | {entry.summary} |")
+    for entry in entries:
+        out += ["", f"### {entry.type}", "", entry.summary, "", entry.details, ""]
+        out += ["`data`:", "", *_fields_table(entry.data_schema), ""]
+        out += ["Example body:", "", *_json_block(entry.example), ""]
+        # The objects' definitions are shown once, under "Objects the events carry".
+        schema = {k: v for k, v in entry.schema.items() if k != "$defs"}
+        out += ["<details><summary>JSON Schema of the body</summary>", ""]
+        out += [*_json_block(schema), "", "</details>"]
+    out += ["", "## Objects the events carry", ""]
+    out += ["The `$defs` of the schemas above; each schema of `GET /v1/event-types` carries"]
+    out += ["the `$defs` it uses."]
+    for name, schema in NAMED_OBJECTS.items():
+        out += ["", f"### {name}", "", schema.get("description", ""), ""]
+        out += [*_fields_table(schema), ""]
+        out += [f"<details><summary>JSON Schema of {name}</summary>", ""]
+        out += [*_json_block(_defs({name})[name]), "", "</details>"]
+    out += ["", END_MARK]
+    return "\n".join(out) + "\n"
+
+
+def render_into(text: str) -> str:
+    """`text` (a Markdown file with the two marks) with its catalog section rendered anew."""
+    head, begin, rest = text.partition(BEGIN_MARK)
+    _, end, tail = rest.partition(END_MARK + "\n")
+    if not begin or not end:
+        raise ValueError(f"the file lacks the marks {BEGIN_MARK!r} ... {END_MARK!r}")
+    return head + markdown() + tail
+
+
+def main(argv: list[str]) -> int:
+    """Rewrite the catalog section of docs/EVENTS.md (or the file given)."""
+    path = Path(argv[0] if argv else "docs/EVENTS.md")
+    path.write_text(render_into(path.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote the catalog section of {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
