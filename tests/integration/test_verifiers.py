@@ -1,0 +1,332 @@
+"""The receivers' verifiers (clients/, docs/examples/verify/) against deliveries Settle made.
+
+The pipeline (outbox -> relay -> RabbitMQ -> consumer -> worker) delivers real events
+to a receiver on 127.0.0.1; a secret is rotated with an overlap, so one delivery
+carries two signatures. What arrived, plus forgeries made from it, becomes a vectors
+file. Then:
+
+- the Python package is built as a wheel, installed into a directory of its own and its
+  own suite (clients/python/tests) runs against the vectors;
+- the npm package is packed, the tarball installed, and its own suite (clients/node/test)
+  runs against the vectors;
+- each documented snippet (Go, Ruby, PHP, Java, C#) runs on every vector, when its tool
+  chain is on this machine (`.ci/run` installs them from Debian's packages).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared import event_catalog, events, signing
+from tests.conftest import make_tenant
+from tests.support.pipeline import isolated_database, running_pipeline
+from tests.support.receiver import Receiver
+from tests.support.services import require_service
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SNIPPETS = ROOT / "docs" / "examples" / "verify"
+WEBHOOKS_DOC = ROOT / "docs" / "WEBHOOKS.md"
+
+
+@dataclass(frozen=True)
+class Vector:
+    name: str
+    secret: str
+    headers: dict[str, str]
+    body: bytes
+    valid: bool
+    now: int
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "secret": self.secret,
+            "headers": self.headers,
+            "body": base64.b64encode(self.body).decode(),
+            "valid": self.valid,
+            "now": self.now,
+        }
+
+
+def _forgeries(real: Vector, other_secret: str) -> list[Vector]:
+    """Deliveries a receiver must refuse, made from a real one."""
+    ts = int(real.headers[signing.TIMESTAMP_HEADER])
+    flipped = bytearray(real.body)
+    flipped[len(flipped) // 2] ^= 0x01
+
+    def resigned(at: int) -> dict[str, str]:
+        # Signed correctly with the real secret, by Settle's own signer, at another time.
+        headers = dict(real.headers)
+        headers[signing.TIMESTAMP_HEADER] = str(at)
+        headers[signing.SIGNATURE_HEADER] = signing.signature_header([real.secret], at, real.body)
+        return headers
+
+    def with_signature(value: str) -> dict[str, str]:
+        return {**real.headers, signing.SIGNATURE_HEADER: value}
+
+    def forged(name: str, **changes: Any) -> Vector:
+        values = {**real.__dict__, "name": f"{real.name}: {name}", "valid": False, **changes}
+        return Vector(**values)
+
+    signature = real.headers[signing.SIGNATURE_HEADER]
+    return [
+        forged("one bit of the body flipped", body=bytes(flipped)),
+        forged("a byte appended", body=real.body + b" "),
+        forged("verified with another secret", secret=other_secret),
+        forged("replayed 1000 s later", headers=resigned(ts - 1000)),
+        forged("dated 1000 s ahead", headers=resigned(ts + 1000)),
+        forged(
+            "timestamp changed, signature kept",
+            headers={**real.headers, "x-service-timestamp": str(ts + 1)},
+        ),
+        forged("scheme v0", headers=with_signature(signature.replace("v1=", "v0="))),
+        forged(
+            "signature without its scheme", headers=with_signature(signature.replace("v1=", ""))
+        ),
+        forged(
+            "signature upper-cased", headers=with_signature(signature.upper().replace("V1=", "v1="))
+        ),
+        forged("signature cut short", headers=with_signature(signature[:40])),
+    ]
+
+
+@pytest.fixture(scope="module")
+def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    vectors: list[Vector] = []
+    with (
+        isolated_database("verifiers") as url,
+        running_pipeline(url) as pipeline,
+        Receiver() as rx,
+    ):
+        # Given an endpoint for deposit and account events, with a non-ASCII payload to send
+        tenant_id = make_tenant(pipeline.db).tenant_id
+        types = [events.DEPOSIT_CREDITED, events.ACCOUNT_CREATED]
+        endpoint_id, first_secret = pipeline.endpoint(tenant_id, rx.url("/hook"), types)
+        account = event_catalog.get(events.ACCOUNT_CREATED).data_example
+        account["depositAccount"]["metadata"] = {"note": 'grüße ✓ \u2028 "quoted" </script>'}
+        credited = event_catalog.get(events.DEPOSIT_CREDITED).data_example
+
+        # When core emits two events, then the secret is rotated (old one kept an hour)
+        # and a third is emitted
+        pipeline.emit(tenant_id, events.ACCOUNT_CREATED, account)
+        pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, credited)
+        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 2, 20)
+        new_secret = pipeline.rotate(endpoint_id, overlap_s=3600)
+        pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, credited)
+        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 3, 20)
+        hits = rx.hits("/hook")
+
+    now = int(time.time())
+    before, after = hits[:2], hits[2:]
+    for n, hit in enumerate(before):
+        vectors.append(Vector(f"delivery {n}", first_secret, hit.headers, hit.body, True, now))
+    (rotated,) = after
+    assert "," in rotated.headers[signing.SIGNATURE_HEADER], "the overlap signs with both"
+    for label, secret in (("new", new_secret), ("old", first_secret)):
+        vectors.append(
+            Vector(f"rotated, {label} secret", secret, rotated.headers, rotated.body, True, now)
+        )
+    real = [v for v in vectors if v.valid]
+    for vector in real:
+        vectors += _forgeries(vector, other_secret="whsec_" + "A" * 43)
+    path = tmp_path_factory.mktemp("vectors") / "deliveries.json"
+    path.write_text(json.dumps([v.document() for v in vectors], indent=1), encoding="utf-8")
+    yield path
+
+
+def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, **kwargs)
+
+
+def _suite_env(vectors_file: Path, **extra: str) -> dict[str, str]:
+    # CI=1: inside the suites, a missing vectors file fails rather than skips.
+    return {**os.environ, "SETTLE_WEBHOOK_VECTORS": str(vectors_file), "CI": "1", **extra}
+
+
+def test_the_python_package_installs_and_passes_its_suite_on_real_deliveries(
+    vectors_file: Path, tmp_path: Path
+) -> None:
+    # Given the package built as a wheel from a copy of its sources, and installed
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "clients" / "python", source)
+    built = _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(source), "-w", str(tmp_path / "dist")]
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "dist").glob("settle_webhooks-*.whl")
+    site = tmp_path / "site"
+    installed = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ]
+    )
+    assert installed.returncode == 0, installed.stderr
+
+    # When its own suite runs against the installed copy and the real deliveries
+    suite = _run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+         str(source), "-c", str(source / "pyproject.toml"), str(source / "tests")],
+        env=_suite_env(vectors_file, PYTHONPATH=str(site)),
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    # Then every test passes, none skipped, and it tested the installed package
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    assert "skipped" not in suite.stdout and " passed" in suite.stdout, suite.stdout
+    where = _run(
+        [sys.executable, "-c", "import settle_webhooks; print(settle_webhooks.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        cwd=tmp_path,
+    )
+    assert where.stdout.strip().startswith(str(site)), where.stdout
+
+
+def _need(tool: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        pytest.skip(f"{tool} is not installed (.ci/run installs it)")
+    return found
+
+
+def test_the_node_package_packs_installs_and_passes_its_suite_on_real_deliveries(
+    vectors_file: Path, tmp_path: Path
+) -> None:
+    npm = _need("npm")
+    node = _need("node")
+    # Given the npm package packed as a tarball and installed into an app of its own
+    packed = _run(
+        [npm, "pack", str(ROOT / "clients" / "node"), "--pack-destination", str(tmp_path)]
+    )
+    assert packed.returncode == 0, packed.stderr
+    (tarball,) = tmp_path.glob("settle-webhooks-*.tgz")
+    app = tmp_path / "app"
+    installed = _run(
+        [npm, "install", "--offline", "--no-audit", "--no-fund", "--prefix", str(app), str(tarball)]
+    )
+    assert installed.returncode == 0, installed.stderr
+    package = app / "node_modules" / "settle-webhooks"
+    assert sorted(p.name for p in package.iterdir()) == [
+        "README.md", "index.d.ts", "index.js", "index.mjs", "package.json",
+    ]  # fmt: skip
+    # Both module systems load it
+    for code in (
+        "const v = require('settle-webhooks'); if (typeof v.verify !== 'function') process.exit(1)",
+        "import('settle-webhooks')"
+        ".then(v => { if (typeof v.verify !== 'function') process.exit(1) })",
+    ):
+        loaded = _run([node, "-e", code], cwd=app)
+        assert loaded.returncode == 0, loaded.stderr
+
+    # When its own suite runs against the installed copy and the real deliveries
+    shutil.copytree(ROOT / "clients" / "node" / "test", package / "test")
+    suite = _run([node, "--test", "test/"], cwd=package, env=_suite_env(vectors_file))
+
+    # Then every test passes and none is skipped
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    assert "# fail 0" in suite.stdout and "# skipped 0" in suite.stdout, suite.stdout
+
+
+# -- the documented snippets --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snippet:
+    file: str
+    tools: tuple[str, ...]
+    #: Builds the program in a directory; returns the command that runs it.
+    build: Callable[[Path, Path], list[str]]
+
+
+def _go(source: Path, out: Path) -> list[str]:
+    env = {**os.environ, "GOCACHE": str(out / "gocache"), "GO111MODULE": "off"}
+    built = _run(["go", "build", "-o", str(out / "verify"), str(source)], env=env)
+    assert built.returncode == 0, built.stderr
+    return [str(out / "verify")]
+
+
+def _java(source: Path, out: Path) -> list[str]:
+    built = _run(["javac", "-d", str(out), str(source)])
+    assert built.returncode == 0, built.stderr
+    return ["java", "-cp", str(out), "Verify"]
+
+
+def _csharp(source: Path, out: Path) -> list[str]:
+    built = _run(["mcs", f"-out:{out / 'Verify.exe'}", str(source)])
+    assert built.returncode == 0, built.stdout + built.stderr
+    return ["mono", str(out / "Verify.exe")]
+
+
+SNIPPET_LIST = [
+    Snippet("verify.go", ("go",), _go),
+    Snippet("verify.rb", ("ruby",), lambda source, out: ["ruby", str(source)]),
+    Snippet("verify.php", ("php",), lambda source, out: ["php", str(source)]),
+    Snippet("Verify.java", ("javac", "java"), _java),
+    Snippet("Verify.cs", ("mcs", "mono"), _csharp),
+]
+
+
+@pytest.mark.parametrize("snippet", SNIPPET_LIST, ids=lambda s: s.file)
+def test_each_documented_snippet_accepts_real_deliveries_and_refuses_forgeries(
+    snippet: Snippet, vectors_file: Path, tmp_path: Path
+) -> None:
+    for tool in snippet.tools:
+        _need(tool)
+    command = snippet.build(SNIPPETS / snippet.file, tmp_path)
+    vectors = json.loads(vectors_file.read_text(encoding="utf-8"))
+    wrong = []
+    for n, vector in enumerate(vectors):
+        body = tmp_path / f"body-{n}"
+        body.write_bytes(base64.b64decode(vector["body"]))
+        headers = vector["headers"]
+        ran = _run(
+            [*command, vector["secret"], headers["x-service-timestamp"],
+             headers["x-service-signature"], str(body)]
+        )  # fmt: skip
+        if (ran.returncode == 0) != vector["valid"] or ran.returncode not in (0, 1):
+            wrong.append((vector["name"], ran.returncode, ran.stderr[-300:]))
+    assert wrong == []
+
+
+@pytest.mark.parametrize("snippet", SNIPPET_LIST, ids=lambda s: s.file)
+def test_an_empty_secret_never_verifies(snippet: Snippet, tmp_path: Path) -> None:
+    for tool in snippet.tools:
+        _need(tool)
+    command = snippet.build(SNIPPETS / snippet.file, tmp_path)
+    body = tmp_path / "body"
+    body.write_bytes(b"{}")
+    ts = int(time.time())
+    signature = signing.signature_header(["x"], ts, b"{}")
+    ran = _run([*command, "", str(ts), signature, str(body)])
+    assert ran.returncode != 0 and "verified" not in ran.stdout
+
+
+def test_the_docs_show_exactly_the_tested_snippets() -> None:
+    text = WEBHOOKS_DOC.read_text(encoding="utf-8")
+    for snippet in SNIPPET_LIST:
+        source = (SNIPPETS / snippet.file).read_text(encoding="utf-8")
+        assert source in text, f"docs/WEBHOOKS.md does not show {snippet.file} as it is"
