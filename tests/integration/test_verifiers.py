@@ -33,7 +33,7 @@ from shared import event_catalog, events, signing
 from tests.conftest import make_tenant
 from tests.support.pipeline import isolated_database, running_pipeline
 from tests.support.receiver import Receiver
-from tests.support.services import require_service
+from tests.support.services import require_rabbitmq
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +106,7 @@ def _forgeries(real: Vector, other_secret: str) -> list[Vector]:
 
 @pytest.fixture(scope="module")
 def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    require_service("RabbitMQ", "127.0.0.1", 5672)
+    require_rabbitmq()
     vectors: list[Vector] = []
     with (
         isolated_database("verifiers") as url,
