@@ -9,10 +9,10 @@ sweeper as threads, and both APIs on one port, routed as the ingress routes them
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core.config import CoreConfig
+from services.devdata import read_demo, write_demo
 from services.notifier.config import NotifierConfig
 from shared.db import Database, normalize_url
 from shared.identity import service as identity
@@ -59,17 +60,50 @@ class DemoTenant:
 
 
 def ensure_demo_tenant(db: Database, folder: Path) -> DemoTenant:
-    """The demo tenant of this data dir (made on first run) with a fresh API key."""
-    record = folder / "demo.json"
-    tenant_id = json.loads(record.read_text())["tenantId"] if record.exists() else None
+    """The demo tenant of this data dir and its API key, both made on the first run.
+
+    Later runs reuse the recorded key while it is valid, so starting `settle dev`
+    again does not mint one more full-scope key (a revoked key is replaced).
+    """
+    record = read_demo(folder)
+    tenant_id, api_key = record.get("tenantId"), record.get("apiKey")
+    if api_key:
+        active = identity.authenticate_key(db, api_key)
+        if active is not None and active.tenant_id == tenant_id:
+            return DemoTenant(tenant_id, api_key, active.id)
     with db.transaction() as session:
         if tenant_id and session.get(Tenant, tenant_id) is not None:
             issued = identity.create_api_key(session, tenant_id, identity.SCOPES)
         else:
             tenant, issued = identity.create_tenant(session, "Demo tenant", sandbox=True)
             tenant_id = tenant.id
-            record.write_text(json.dumps({"tenantId": tenant_id}))
-        return DemoTenant(tenant_id, issued.api_key, issued.record.id)
+        demo = DemoTenant(tenant_id, issued.api_key, issued.record.id)
+    write_demo(folder, demo.tenant_id, demo.api_key, demo.api_key_id)
+    return demo
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """Bind the HTTP port now, before anything else starts; PortInUse when taken.
+
+    The bound socket is handed to the server later, so nothing can take the port in
+    between, and a busy port is reported before the database or a key is touched.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise PortInUse(
+            f"cannot listen on {host}:{port}: {err.strerror or err} (another settle dev?). "
+            "Choose another port: settle dev --port N, or make dev PORT=N"
+        ) from None
+    sock.listen(128)
+    return sock
+
+
+class PortInUse(Exception):
+    """The port `settle dev` was asked for cannot be bound."""
 
 
 def embedded_configs(env: dict[str, str]) -> tuple[CoreConfig, NotifierConfig]:
@@ -111,7 +145,7 @@ Portal:  {base}/ (add a member first: settle members add --tenant {demo.tenant_i
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    from werkzeug.serving import run_simple
+    from werkzeug.serving import make_server
 
     from services.core.app import create_app as create_core_app
     from services.core.backfill import run_address_backfill
@@ -122,6 +156,11 @@ def run_dev(args: argparse.Namespace) -> int:
     from services.notifier.app import create_app as create_notifier_app
     from services.notifier.engine import start_embedded
 
+    try:
+        listener = claim_port(args.host, args.port)
+    except PortInUse as err:
+        sys.stderr.write(f"settle dev: {err}\n")
+        return 2
     env = dict(os.environ)
     core_config, notifier_config = embedded_configs(env)
     folder = data_dir(env)
@@ -173,8 +212,9 @@ def run_dev(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     # SIGTERM unwinds like Ctrl-C, so the embedded PostgreSQL is stopped with us (atexit).
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    server = make_server(args.host, args.port, app, threaded=True, fd=listener.fileno())
     try:
-        run_simple(args.host, args.port, app, threaded=True, use_reloader=False)
+        server.serve_forever()
     finally:
         stop.set()
         embedded.stop()

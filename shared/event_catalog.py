@@ -510,8 +510,7 @@ ENTRIES: tuple[EventType, ...] = (
         type=events.WEBHOOK_TEST,
         summary="Sent by POST /v1/webhook-endpoints/{endpointId}/test to that endpoint "
         "alone, whether or not it subscribes to `webhook.test`.",
-        details="Use it to check that your "
-        "receiver answers 2xx and verifies signatures.",
+        details="Use it to check that your receiver answers 2xx and verifies signatures.",
         data_schema=_object(
             {
                 "endpointId": {"type": "string", "description": "The endpoint tested."},

@@ -127,8 +127,26 @@ def env_secret_key(env: Mapping[str, str], mode: str) -> str:
     return key
 
 
-def data_dir(env: Mapping[str, str]) -> Path:
-    return Path(env_str(env, "SETTLE_DATA_DIR", "./.settle") or "./.settle")
+#: Name of the data dir `settle dev` makes in the directory it is started from.
+DATA_DIR_NAME = ".settle"
+
+
+def data_dir(env: Mapping[str, str], cwd: Path | None = None) -> Path:
+    """SETTLE_DATA_DIR, else the nearest `.settle` in the working directory or its parents.
+
+    Like git finding `.git`: a command run anywhere inside a project uses the data dir
+    `settle dev` made at its top. With none found, `./.settle` (where `settle dev` makes
+    one); other commands then say that none exists (`services.cli`).
+    """
+    explicit = env_str(env, "SETTLE_DATA_DIR")
+    if explicit:
+        return Path(explicit)
+    here = (cwd or Path.cwd()).absolute()
+    for folder in (here, *here.parents):
+        candidate = folder / DATA_DIR_NAME
+        if candidate.is_dir():
+            return candidate
+    return here / DATA_DIR_NAME
 
 
 def default_database_url(env: Mapping[str, str]) -> str:

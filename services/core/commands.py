@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from services import output
 from services.core.api_keys import revoke_key
 from services.core.config import CoreConfig
 from shared import components, migrate
@@ -19,7 +19,7 @@ from shared.timefmt import iso_ms
 
 
 def _print(payload: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(payload) + "\n")
+    output.emit(payload)
 
 
 def _identity_db() -> Database:

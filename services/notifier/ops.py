@@ -8,11 +8,11 @@ print the API's JSON shapes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from services import output
 from services.notifier import deliveries, endpoints
 from services.notifier.api.schemas import (
     DeliveryDetailEnvelopeSchema,
@@ -39,7 +39,7 @@ def _default_context() -> NotifierContext:
 
 
 def _print(schema: Any, payload: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(schema.dump(payload)) + "\n")
+    output.emit(schema.dump(payload))
 
 
 def _time(text: str) -> Any:

@@ -242,7 +242,7 @@ def test_dockerfile() -> None:
 def test_compose_commands_parse_with_the_cli() -> None:
     from services.cli import build_parser
 
-    parser = build_parser()
+    parser = build_parser("all")
     for name, argv in SETTLE_COMMANDS.items():
         try:
             args = parser.parse_args(argv)

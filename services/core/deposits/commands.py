@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from services import output
 from shared.errors import ApiError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def build_ops() -> Ops:
 def _print(deposit: Deposit) -> None:
     from services.core.deposits.serialize import deposit_document
 
-    sys.stdout.write(json.dumps({"deposit": deposit_document(deposit)}) + "\n")
+    output.emit({"deposit": deposit_document(deposit)})
 
 
 def _operator(name: str | None) -> str:
