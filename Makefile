@@ -3,19 +3,33 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+#: What running Settle needs (make dev, make listen); the test tool chain comes on top.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+#: Event types `make listen` subscribes to, comma-separated (empty: all).
+EVENTS ?=
 
-.PHONY: dev test test-fast lint format bench screenshots clean
+.PHONY: dev listen test test-fast lint format bench screenshots clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-## Run everything in one process on 127.0.0.1:8000 (embedded PostgreSQL, in-process broker).
-dev: $(STAMP)
-	$(BIN)/settle dev --host 127.0.0.1 --port 8000
+## Run everything in one process on $(HOST):$(PORT) (embedded PostgreSQL, in-process broker).
+dev: $(RUN_STAMP)
+	$(BIN)/settle dev --host $(HOST) --port $(PORT)
+
+## A local webhook receiver for the `make dev` on $(HOST):$(PORT): registers, verifies, prints.
+listen: $(RUN_STAMP)
+	$(BIN)/settle listen --api http://$(HOST):$(PORT) $(if $(EVENTS),--events $(EVENTS))
 
 ## Lint, then every test suite (PostgreSQL: the machine's on 127.0.0.1:5432, else an embedded
 ## one; RabbitMQ on 127.0.0.1:5672 for the suites that need it).

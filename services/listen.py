@@ -312,13 +312,12 @@ def run_listen(args: argparse.Namespace) -> int:
         )
         return 2
 
-    stopping = threading.Event()
-
     def stop(signum: int, frame: object) -> None:
-        stopping.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    # Ctrl-C and SIGTERM both stop serving, then the endpoint is deleted.
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     printer.note(
         f"Ready: listening on {url} as endpoint {endpoint_id} for "
         f"{len(event_types)} event type(s); every delivery is verified with its secret"
@@ -329,8 +328,6 @@ def run_listen(args: argparse.Namespace) -> int:
     printer.note("  Ctrl-C to stop" + ("" if args.keep else " (the endpoint is then deleted)"))
     try:
         server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
         if not args.keep:

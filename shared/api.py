@@ -228,6 +228,12 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     app.config.setdefault("OPENAPI_VERSION", "3.0.3")
     app.config.setdefault("OPENAPI_URL_PREFIX", prefix or "/")
     app.config.setdefault("OPENAPI_JSON_PATH", json_name)
+    # Paths carry /v1; "/" is the origin that served the document (the ingress, or
+    # settle dev), so "Try it out" on /v1/docs calls the same deployment.
+    app.config.setdefault(
+        "API_SPEC_OPTIONS",
+        {"servers": [{"url": "/", "description": "The deployment that serves this document"}]},
+    )
     if app.config.get("MAX_CONTENT_LENGTH") is None:
         # Not setdefault: Flask's default config already holds the key (as None).
         app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES

@@ -268,7 +268,7 @@ _WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
 _USDC_BASE = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
 _USDC_POLYGON = "0x3c499c542cEF5E3811e1192ce70d8cC03d5c3359"
 _ACCOUNT_EXAMPLE: dict[str, Any] = {
-    "id": "acct_01JD3Y8Q2X4N6R5T7V9W0Z1A2B",
+    "id": "acc_01JD3Y8Q2X4N6R5T7V9W0Z1A2B",
     "externalUserId": "user-42",
     "status": "active",
     "destination": {"chainId": 8453, "address": _WALLET, "tokenAddress": _USDC_BASE},

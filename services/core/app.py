@@ -59,6 +59,10 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     from services.portal.web import portal_blueprint
 
     app.register_blueprint(portal_blueprint())
+    # The API reference page (HTML, not in the OpenAPI document).
+    from services.core.api import docs
+
+    app.register_blueprint(docs.blp)
     # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
     from services.core.relay import api_metrics_registry
 

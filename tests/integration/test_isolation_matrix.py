@@ -86,6 +86,8 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "GET", "/v1/openapi.json"): Route("public", "/v1/openapi.json"),
     (CORE, "GET", "/v1/chains"): Route("public", "/v1/chains"),
     (CORE, "GET", "/v1/event-types"): Route("public", "/v1/event-types"),
+    (CORE, "GET", "/v1/docs"): Route("public", "/v1/docs"),
+    (CORE, "GET", "/v1/docs/assets/<name>"): Route("public", "/v1/docs/assets/swagger-ui.css"),
     (CORE, "GET", "/v1/status"): Route("public", "/v1/status"),
     (CORE, "POST", "/v1/sessions"): Route("public", "/v1/sessions", body={}),
     # Ops scrape /metrics on the service port; the ingress does not route it.
@@ -493,6 +495,8 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
     assert {(method, rule) for _, method, rule in PUBLIC_ROUTES} == {
         ("GET", "/v1/chains"),
         ("GET", "/v1/event-types"),
+        ("GET", "/v1/docs"),
+        ("GET", "/v1/docs/assets/<name>"),
         ("GET", "/v1/status"),
         ("GET", "/v1/notifier/status"),
         ("GET", "/v1/openapi.json"),

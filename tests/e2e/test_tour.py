@@ -1,0 +1,149 @@
+"""The README's five-minute tour, command by command, as a new user runs it.
+
+Terminal 1 runs the README's `make dev`, terminal 2 its `make listen ...` (both with
+PORT set to a free port and the data dir in a temporary folder), and terminal 3's block
+runs in bash as written, with the two values a person pastes (the printed key and the
+base URL) filled in. The tour's promise is checked where a person would look: terminal 2
+prints the credited deposit's webhook, verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tour_blocks() -> list[str]:
+    """The shell blocks of the README's tour, in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+
+
+def _commands(block: str) -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Terminal:
+    """A command running in its own process group, its output in a file."""
+
+    def __init__(self, command: str, env: dict[str, str], log: Path, cwd: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["bash", "-c", command],
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(pattern, self.output())
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited before {pattern!r}:\n{self.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} after {timeout}s:\n{self.output()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    running: list[Terminal] = []
+    yield running
+    for terminal in reversed(running):
+        terminal.stop()
+
+
+def test_the_readme_tour_shows_the_credited_webhook_arrive_verified(
+    tmp_path: Path, terminals: list[Terminal]
+) -> None:
+    # The three terminals (a later block shows the portal, with a person's own values)
+    (dev_block, listen_block, tour_block) = tour_blocks()[:3]
+    ((dev_command,), (listen_command,)) = _commands(dev_block), _commands(listen_block)
+    assert dev_command == "make dev" and listen_command.startswith("make listen")
+    port = _free_port()
+    data = tmp_path / "data"
+    env = {**os.environ, "SETTLE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
+    env.pop("SETTLE_DATABASE_URL", None)
+    env.pop("SETTLE_API_KEY", None)
+
+    # Terminal 1: make dev (on a free port)
+    dev = Terminal(f"{dev_command} PORT={port}", env, tmp_path / "dev.log", ROOT)
+    terminals.append(dev)
+    dev.wait_for(r"Settle is running", 180)
+    key = dev.wait_for(r"API key\s+(sk_\S+)", 5).group(1)
+    assert json.loads((data / "demo.json").read_text())["apiKey"] == key
+
+    # Terminal 2: make listen EVENTS=... (same port); it finds the demo key itself
+    listen = Terminal(f"{listen_command} PORT={port}", env, tmp_path / "listen.log", ROOT)
+    terminals.append(listen)
+    listen.wait_for(r"Ready: listening on \S+ as endpoint we_", 60)
+
+    # Terminal 3: the tour as written, with the printed key and the base URL pasted in
+    script = tour_block.replace("export KEY=sk_...", f"export KEY={key}")
+    script = script.replace("B=http://127.0.0.1:8000", f"B=http://127.0.0.1:{port}")
+    assert key in script and str(port) in script
+    work = tmp_path / "terminal3"
+    work.mkdir()
+    tour = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert tour.returncode == 0, tour.stdout[-3000:] + tour.stderr[-3000:]
+    account = json.loads((work / "account.json").read_text())["depositAccount"]
+    assert account["externalUserId"] == "user-42"
+
+    # Then terminal 2 printed the credited deposit's webhook, verified
+    line = listen.wait_for(r"verified\s+deposit\.credited\s+evt_dep_(dep_\w+)_credited.*", 120)
+    deposit_id = line.group(1)
+    assert f"{deposit_id} credited" in line.group(0) and "125.50 USDC" in line.group(0)
+    assert "REFUSED" not in listen.output()
+    # And the tour's own calls showed the same deposit
+    assert deposit_id in tour.stdout
+
+    # When terminal 2 is stopped, it deletes its endpoint
+    listen.stop()
+    assert "deleted endpoint we_" in listen.output()
