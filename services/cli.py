@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 #: Commands that need no database of an existing data dir: `dev` makes one, `listen`
-#: talks to a running Settle over HTTP.
-_NO_DATA_DIR = frozenset({"dev", "listen"})
+#: talks to a running Settle over HTTP, `keys` only makes a key pair.
+_NO_DATA_DIR = frozenset({"dev", "listen", "keys"})
 
 
 #: Every top-level command: the module that registers it, and its one-line help.
@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "notifier": ("services.notifier.commands", "notifier processes"),
     "deliveries": ("services.notifier.ops", "webhook deliveries (ops)"),
     "endpoints": ("services.notifier.ops", "webhook endpoints (ops)"),
+    "keys": ("services.keys", "deposit keys for a deployment"),
     "reconcile": (
         "services.reconcile",
         "check that every event reached the notifier, once, intact (exit 1 if not)",
