@@ -144,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from shared import logs
+
+    mode = "production" if os.environ.get("SETTLE_ENV") == "production" else "dev"
+    logs.configure(mode, str(args.log_level))
     # Alembic narrates every plugin it loads; keep its warnings only.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from services import output

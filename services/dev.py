@@ -212,13 +212,67 @@ def run_dev(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     # SIGTERM unwinds like Ctrl-C, so the embedded PostgreSQL is stopped with us (atexit).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    server = make_server(args.host, args.port, app, threaded=True, fd=listener.fileno())
+    server = make_server(
+        args.host,
+        args.port,
+        app,
+        threaded=True,
+        request_handler=_request_handler(),
+        fd=listener.fileno(),
+    )
     try:
         server.serve_forever()
     finally:
         stop.set()
         embedded.stop()
     return 0
+
+
+def _request_handler() -> type[Any]:
+    """Werkzeug's handler, logging one plain line per request with its latency.
+
+    Werkzeug's own line carries a second timestamp and ANSI colour codes even when the
+    output is a file.
+    """
+    import time
+
+    from werkzeug.serving import WSGIRequestHandler
+
+    http_log = logging.getLogger("settle.http")
+
+    class Handler(WSGIRequestHandler):
+        _code: int | str = "-"
+        _request_id = ""
+
+        def run_wsgi(self) -> None:
+            started = time.monotonic()
+            self._code, self._request_id = "-", ""
+            try:
+                super().run_wsgi()
+            finally:
+                elapsed_ms = (time.monotonic() - started) * 1000
+                path = getattr(self, "path", "?").translate(self._control_char_table)
+                http_log.info(
+                    "%s %s -> %s in %.0f ms%s",
+                    getattr(self, "command", "?"),
+                    path,
+                    self._code,
+                    elapsed_ms,
+                    f" [{self._request_id}]" if self._request_id else "",
+                )
+
+        def send_header(self, keyword: str, value: str) -> None:
+            if keyword.lower() == "x-request-id":
+                self._request_id = value
+            super().send_header(keyword, value)
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            self._code = code  # logged once the response is out (run_wsgi)
+
+        def log(self, type: str, message: str, *args: Any) -> None:
+            getattr(http_log, type, http_log.info)(message.rstrip("\n"), *args)
+
+    return Handler
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

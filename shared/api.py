@@ -20,6 +20,7 @@ from flask import Flask
 from webargs.flaskparser import FlaskParser
 
 from shared.errors import InvalidJson, InvalidRequest, register_error_handlers
+from shared.logs import install_request_id
 from shared.timefmt import iso_ms, parse_iso
 
 #: Body size limit of DESIGN.md (413 above it).
@@ -250,4 +251,5 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     )
     # Registered after flask-smorest's own handlers so ours win.
     register_error_handlers(app)
+    install_request_id(app)
     return api

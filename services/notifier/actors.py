@@ -243,6 +243,23 @@ class _Claim:
 _CLAIM_READS = (StoredEvent.body, StoredEvent.created_at, *_ENDPOINT_COLUMNS)
 
 
+def _log_attempt(claim: _Claim, result: SendResult, outcome: str, delay: float | None) -> None:
+    """One line per attempt: the endpoint, what it answered, how fast, what happens next."""
+    answer = result.status if result.status is not None else result.error
+    retry = f"; next try in {delay:.0f} s" if delay is not None and not result.ok else ""
+    log.info(
+        "delivery %s of %s to %s: attempt %d -> %s (%s) in %.0f ms%s",
+        claim.delivery_id,
+        claim.event_id,
+        claim.endpoint.url,
+        claim.attempt_number,
+        answer,
+        outcome,
+        result.latency_ms,
+        retry,
+    )
+
+
 def _claim_statement(*, join: bool) -> sa.Update:
     """Take the lease of a due, unfinished, unleased delivery.
 
@@ -575,6 +592,7 @@ class Deliverer:
                 updated = conn.execute(self._record_stmt, values).rowcount
                 if streak:
                     self._track_endpoint(conn, claim.endpoint_id, ok=result.ok, now=now)
+        _log_attempt(claim, result, values["status"] if updated else "lease_lost", delay)
         if not updated:
             # Our lease lapsed and another worker took the delivery: its record wins
             # for the delivery's state. Our attempt row stays: the POST did happen, and

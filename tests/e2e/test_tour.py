@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,16 @@ class Terminal:
 
 
 @pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """The data dir, outside pytest's private tmp: the embedded PostgreSQL runs as its own
+    user when started by root, and must be able to reach its files."""
+    folder = Path(tempfile.mkdtemp(prefix="settle-tour-"))
+    folder.chmod(0o755)
+    yield folder / "data"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def terminals() -> Iterator[list[Terminal]]:
     running: list[Terminal] = []
     yield running
@@ -93,14 +105,14 @@ def terminals() -> Iterator[list[Terminal]]:
 
 
 def test_the_readme_tour_shows_the_credited_webhook_arrive_verified(
-    tmp_path: Path, terminals: list[Terminal]
+    tmp_path: Path, data_dir: Path, terminals: list[Terminal]
 ) -> None:
     # The three terminals (a later block shows the portal, with a person's own values)
     (dev_block, listen_block, tour_block) = tour_blocks()[:3]
     ((dev_command,), (listen_command,)) = _commands(dev_block), _commands(listen_block)
     assert dev_command == "make dev" and listen_command.startswith("make listen")
     port = _free_port()
-    data = tmp_path / "data"
+    data = data_dir
     env = {**os.environ, "SETTLE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
     env.pop("SETTLE_DATABASE_URL", None)
     env.pop("SETTLE_API_KEY", None)
@@ -143,6 +155,18 @@ def test_the_readme_tour_shows_the_credited_webhook_arrive_verified(
     assert "REFUSED" not in listen.output()
     # And the tour's own calls showed the same deposit
     assert deposit_id in tour.stdout
+
+    # And terminal 1 told the same story readably: the deposit's moves and the delivery
+    # attempts, one line each, with one timestamp and no colour codes in a file
+    console = dev.wait_for(rf"deposit {deposit_id}: \S+ -> credited", 30).string
+    assert f"deposit {deposit_id}: source_seen" in console
+    attempt = rf"delivery whd_\w+ of evt_dep_{deposit_id}_credited to http://\S+: attempt 1 "
+    assert re.search(attempt + r"-> 204 \(succeeded\) in \d+ ms", console), console[-3000:]
+    assert re.search(
+        r"settle\.http  POST /v1/sandbox/deposits -> 200 in \d+ ms \[req_\w+\]", console
+    )
+    assert "\033[" not in console
+    assert not re.search(r"\d\d:\d\d:\d\d.*\[\d\d/\w+/\d{4}", console)  # werkzeug's own stamp
 
     # When terminal 2 is stopped, it deletes its endpoint
     listen.stop()

@@ -278,6 +278,14 @@ def open_deposit(
             raise
         return None  # another watcher recorded the same transfer first
     transitions.emit(session, deposit, states.SOURCE_SEEN, now)
+    log.info(
+        "deposit %s: source_seen (%s base units of %s on chain %s to %s)",
+        deposit.id,
+        deposit.amount_raw,
+        deposit.asset or deposit.token_address,
+        deposit.chain_id,
+        deposit.deposit_address,
+    )
     return deposit
 
 

@@ -48,6 +48,7 @@ def emit(session: Session, deposit: Deposit, status: str, now: datetime) -> bool
 def move(session: Session, deposit: Deposit, target: str, now: datetime, **fields: Any) -> None:
     """Change the status (legal moves only), then write its event."""
     states.transition(deposit.status, target)
+    log.info("deposit %s: %s -> %s", deposit.id, deposit.status, target)
     for name, value in fields.items():
         setattr(deposit, name, value)
     deposit.status = target

@@ -1,0 +1,79 @@
+"""Log lines: readable in dev, JSON in production, each carrying the request id."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+
+from shared import logs
+from shared.api import make_api
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def _app() -> Flask:
+    app = Flask("logs-test")
+    make_api(app, title="t", version="1", openapi_path="/v1/openapi.json")
+
+    @app.get("/v1/ping")
+    def ping() -> str:
+        logging.getLogger("settle.test").info("inside the request")
+        return "pong"
+
+    return app
+
+
+def test_production_lines_are_json_with_the_request_id(restore_logging: None) -> None:
+    out = io.StringIO()
+    logs.configure("production", "INFO", out)
+    answer = _app().test_client().get("/v1/ping", headers={"X-Request-Id": "req_abc-123"})
+    assert answer.headers["X-Request-Id"] == "req_abc-123"
+    (line,) = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert line["message"] == "inside the request" and line["requestId"] == "req_abc-123"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
+    assert (line["level"], line["logger"]) == ("INFO", "settle.test")
+
+
+@pytest.mark.parametrize("given", ["x" * 200, "a b", "<script>", "", "évt"])
+def test_an_implausible_request_id_is_replaced(given: str, restore_logging: None) -> None:
+    out = io.StringIO()
+    logs.configure("production", "INFO", out)
+    answer = _app().test_client().get("/v1/ping", headers={"X-Request-Id": given})
+    rid = answer.headers["X-Request-Id"]
+    assert rid != given and rid.startswith("req_")
+    assert json.loads(out.getvalue())["requestId"] == rid
+
+
+def test_dev_lines_have_one_timestamp_and_colour_only_on_a_terminal(
+    restore_logging: None,
+) -> None:
+    to_file = io.StringIO()
+    logs.configure("dev", "INFO", to_file)
+    logging.getLogger("settle.test").warning("careful")
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3} WARNING settle\.test  careful\n", to_file.getvalue()
+    )
+    to_tty = Tty()
+    logs.configure("dev", "INFO", to_tty)
+    logging.getLogger("settle.test").warning("careful")
+    assert "\033[33m" in to_tty.getvalue()
+    # Outside a request there is no id
+    assert logs.request_id() is None
