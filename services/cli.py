@@ -144,19 +144,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
-    from shared import logs
-
-    mode = "production" if os.environ.get("SETTLE_ENV") == "production" else "dev"
-    logs.configure(mode, str(args.log_level))
-    # Alembic narrates every plugin it loads; keep its warnings only.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    from services import output
-
-    output.set_json(True if getattr(args, "json", False) else None)
     problem = missing_data_dir(args.command, os.environ)
     if problem is not None:
         sys.stderr.write(f"settle {args.command}: {problem}\n")
         return 2
+    from services import output
+    from shared import logs
+
+    output.set_json(True if getattr(args, "json", False) else None)
+    mode = "production" if os.environ.get("SETTLE_ENV") == "production" else "dev"
+    logs.configure(mode, str(args.log_level))
+    # Alembic narrates every plugin it loads; keep its warnings only.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
@@ -167,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         sys.stderr.write(f"settle {args.command}: {message}\n(SETTLE_DEBUG=1 shows the trace)\n")
         return 2
+    finally:
+        logs.unconfigure()
     return code
 
 

@@ -19,11 +19,12 @@ import sys
 import time
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, TextIO
-
-from flask import Flask, Response, g, request
+from typing import TYPE_CHECKING, Any, TextIO
 
 from shared.ids import new_id
+
+if TYPE_CHECKING:
+    from flask import Flask, Response
 
 REQUEST_ID_HEADER = "X-Request-Id"
 #: What the ingress accepts as a client's id (deploy/README.md); anything else is replaced.
@@ -121,8 +122,15 @@ def configure(mode: str, level: str = "INFO", stream: TextIO | None = None) -> N
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
 
 
+def unconfigure() -> None:
+    """Remove the handler `configure` installed (a command ran in-process, e.g. in a test)."""
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not getattr(h, "_settle", False)]
+
+
 def install_request_id(app: Flask) -> None:
     """Give each request an id (the ingress's, when valid), log it, return it."""
+    from flask import g, request
 
     @app.before_request
     def _bind() -> None:
