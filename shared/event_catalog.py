@@ -371,7 +371,7 @@ class EventType:
     details: str
     #: JSON Schema of `data`.
     data_schema: dict[str, Any]
-    #: An example `data`.
+    #: An example `data` (the catalog's own object: callers read `example`, a copy).
     data_example: dict[str, Any]
     #: Event id of the example (durable deposit events have a predictable one).
     example_id: str = "evt_01JD3YB6Q3W5E7R9T1Y3U5I7O9"

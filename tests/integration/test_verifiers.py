@@ -117,9 +117,9 @@ def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         tenant_id = make_tenant(pipeline.db).tenant_id
         types = [events.DEPOSIT_CREDITED, events.ACCOUNT_CREATED]
         endpoint_id, first_secret = pipeline.endpoint(tenant_id, rx.url("/hook"), types)
-        account = event_catalog.get(events.ACCOUNT_CREATED).data_example
+        account = event_catalog.get(events.ACCOUNT_CREATED).example["data"]  # a copy
         account["depositAccount"]["metadata"] = {"note": 'grüße ✓ \u2028 "quoted" </script>'}
-        credited = event_catalog.get(events.DEPOSIT_CREDITED).data_example
+        credited = event_catalog.get(events.DEPOSIT_CREDITED).example["data"]
 
         # When core emits two events, then the secret is rotated (old one kept an hour)
         # and a third is emitted

@@ -98,6 +98,16 @@ def test_docs_events_md_is_current() -> None:
     )
 
 
+def test_what_the_catalog_hands_out_are_copies() -> None:
+    # A caller changing an example or a schema (tests do) must not change the catalog
+    entry = event_catalog.get(events.ACCOUNT_CREATED)
+    before = (entry.example, entry.schema, event_catalog.documents())
+    entry.example["data"]["depositAccount"]["metadata"]["x"] = 1
+    entry.schema["$defs"]["DepositAccount"]["properties"].clear()
+    event_catalog.documents()[0]["example"]["data"].clear()
+    assert (entry.example, entry.schema, event_catalog.documents()) == before
+
+
 def test_render_into_refuses_a_file_without_the_marks() -> None:
     with pytest.raises(ValueError, match="marks"):
         event_catalog.render_into("# Events\n")
