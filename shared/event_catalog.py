@@ -239,6 +239,28 @@ def _defs(used: set[str]) -> dict[str, Any]:
     return {name: defs[name] for name in NAMED_OBJECTS if name in defs}
 
 
+_DESTINATION_UPDATED = _object(
+    {
+        "depositAccount": _DEPOSIT_ACCOUNT,
+        "priorDestination": {
+            **_DESTINATION,
+            "type": ["object", "null"],
+            "description": "The destination before the change; null when none was recorded.",
+        },
+        "apiKeyId": {
+            "type": ["string", "null"],
+            "description": "Id (`key_...`) of the API key that made the change; null when a "
+            "portal member made it.",
+        },
+    }
+)
+# Not required: present only when a portal member (a session) made the change.
+_DESTINATION_UPDATED["properties"]["memberId"] = {
+    "type": "string",
+    "description": "Only when a portal member made the change: the member's id.",
+}
+
+
 def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema of a whole delivery body of this type."""
     used: set[str] = set()
@@ -441,21 +463,7 @@ ENTRIES: tuple[EventType, ...] = (
         details="Every successful PATCH "
         "emits one, even when the destination is the same as before. Deposits already "
         "detected keep the destination they were detected with.",
-        data_schema=_object(
-            {
-                "depositAccount": _DEPOSIT_ACCOUNT,
-                "priorDestination": {
-                    **_DESTINATION,
-                    "type": ["object", "null"],
-                    "description": "The destination before the change; null when none "
-                    "was recorded.",
-                },
-                "apiKeyId": {
-                    "type": "string",
-                    "description": "Id (`key_...`) of the API key that made the change.",
-                },
-            }
-        ),
+        data_schema=_DESTINATION_UPDATED,
         data_example={
             "depositAccount": {
                 **_ACCOUNT_EXAMPLE,
