@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -85,8 +86,39 @@ def deliveries_replay(ctx: NotifierContext, args: argparse.Namespace) -> int:
     with ctx.db.transaction() as session:
         delivery = deliveries.replay(session, args.tenant, args.delivery_id)
     ctx.hand_off([delivery.id])
+    config = ctx.config
+    # The delivery is committed as due now; a worker (or, without a broker reachable from
+    # here, the sweeper: every interval, past its grace) sends it. Say so, not nothing.
+    sys.stderr.write(
+        f"replay {delivery.id} queued: sent by the notifier's workers within about "
+        f"{config.sweep_grace_s + config.sweep_interval_s:.0f} s"
+        + ("" if args.wait else f"; follow it: settle deliveries show {delivery.id}")
+        + "\n"
+    )
+    if args.wait:
+        delivery = _wait_final(ctx, args.tenant, delivery.id, args.wait)
     _print(DeliveryEnvelopeSchema(), {"webhook_delivery": delivery})
     return 0
+
+
+def _wait_final(ctx: NotifierContext, tenant: str | None, delivery_id: str, limit_s: float) -> Any:
+    """Poll the delivery until its first attempt is recorded (or `limit_s`), with progress."""
+    started = time.monotonic()
+    last = ""
+    while True:
+        with ctx.db.reader() as session:
+            delivery = deliveries.get_delivery(session, tenant, delivery_id)
+            session.expunge(delivery)
+        waited = time.monotonic() - started
+        state = f"{delivery.status}, {delivery.attempt_count} attempt(s)"
+        if state != last:
+            sys.stderr.write(f"  {waited:4.0f} s  {state}\n")
+            last = state
+        if delivery.attempt_count > 0 or waited >= limit_s:
+            if delivery.attempt_count == 0:
+                sys.stderr.write(f"  still not sent after {limit_s:.0f} s; it stays queued\n")
+            return delivery
+        time.sleep(min(1.0, max(0.05, limit_s - waited)))
 
 
 def endpoints_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
@@ -161,6 +193,15 @@ def register(
 
     p = actions.add_parser("replay", help="send a delivery's event again as a new delivery")
     p.add_argument("delivery_id")
+    p.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=120.0,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait (default 120 s) until it has been attempted, showing progress",
+    )
     p.add_argument("--tenant", help="refuse unless it is this tenant's")
     p.set_defaults(func=_command(deliveries_replay, make_context))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ from flask.testing import FlaskClient
 
 from services.notifier import ops
 from services.notifier.context import NotifierContext
-from services.notifier.models import FAILED
+from services.notifier.models import FAILED, SUCCEEDED
 from shared import events
 from shared.db import Database
 from tests.conftest import make_tenant
@@ -140,3 +142,39 @@ def test_commands_build_their_context_from_the_environment(
     # When `settle endpoints list` runs as a user would, Then it reads that database
     code, listed, _ = settle(capsys, None, "endpoints", "list", "--tenant", tenant.tenant_id)
     assert code == 0 and [e["id"] for e in listed["webhookEndpoints"]] == [endpoint["id"]]
+
+
+def test_a_replay_says_when_it_will_go_and_can_wait_for_it_with_progress(
+    capsys: pytest.CaptureFixture[str],
+    notifier_client: FlaskClient,
+    notifier_context: NotifierContext,
+    pg_db: Database,
+    enqueued: EnqueueRecorder,
+) -> None:
+    # Given a failed delivery
+    tenant = make_tenant(pg_db)
+    make_endpoint(notifier_client, tenant)
+    _, (delivery,) = deliver_event(pg_db, tenant.tenant_id)
+    update_delivery(pg_db, delivery.id, status=FAILED, next_attempt_at=None)
+
+    # When ops replay it without waiting, Then they are told it is queued and how to follow
+    code, _, err = settle(capsys, notifier_context, "deliveries", "replay", delivery.id)
+    assert code == 0 and "queued" in err and "settle deliveries show" in err
+
+    # When they replay it with --wait and a worker sends it half a second later
+    def engine_attempts_it() -> None:
+        time.sleep(0.5)
+        for new in enqueued.ids[1:]:
+            update_delivery(pg_db, new, status=SUCCEEDED, attempt_count=1, next_attempt_at=None)
+
+    worker = threading.Thread(target=engine_attempts_it)
+    enqueued.calls.clear()
+    enqueued.calls.append(["placeholder"])  # ids[1:] are this replay's
+    worker.start()
+    code, waited, err = settle(
+        capsys, notifier_context, "deliveries", "replay", delivery.id, "--wait", "10"
+    )
+    worker.join()
+    # Then it showed progress and printed the delivery as attempted
+    assert code == 0 and waited["webhookDelivery"]["status"] == "succeeded"
+    assert "pending, 0 attempt(s)" in err and "succeeded, 1 attempt(s)" in err
