@@ -30,6 +30,7 @@ BENCHES = [
     ("Webhook delivery, production processes", "bench/webhooks.py", [], ["--quick"]),
     ("Deposit pipeline", "bench/pipeline.py", [], ["--quick"]),
     ("Chain watcher", "bench/watcher.py", [], ["--quick"]),
+    ("Hostile request bodies", "bench/hostile_bodies.py", [], ["--rounds", "5"]),
 ]
 
 

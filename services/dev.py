@@ -145,6 +145,7 @@ Portal:  {base}/ (add a member first: settle members add --tenant {demo.tenant_i
 
 
 def run_dev(args: argparse.Namespace) -> int:
+    recursion_limit = sys.getrecursionlimit()
     from werkzeug.serving import make_server
 
     from services.core.app import create_app as create_core_app
@@ -161,6 +162,10 @@ def run_dev(args: argparse.Namespace) -> int:
     except PortInUse as err:
         sys.stderr.write(f"settle dev: {err}\n")
         return 2
+    # The pipeline imports web3, whose py_ecc raised the limit to 100000 (for pairing
+    # code Settle never runs). This process serves HTTP: at that depth a runaway
+    # recursion overflows the C stack and kills it instead of raising RecursionError.
+    sys.setrecursionlimit(recursion_limit)
     env = dict(os.environ)
     core_config, notifier_config = embedded_configs(env)
     folder = data_dir(env)

@@ -1,4 +1,4 @@
-"""HTTP building blocks both services share: blueprint, schemas, fields, pagination.
+"""HTTP building blocks both services share: blueprint, schemas, fields, errors, pagination.
 
 Thin subclasses of flask-smorest and marshmallow so our error format, camelCase
 names and timestamp format live in one place.
@@ -9,19 +9,33 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, TypeVar
 
 import flask_smorest
 import marshmallow as ma
+import sqlalchemy as sa
 from eth_utils import is_checksum_address, is_hex_address, to_checksum_address
-from flask import Flask
-from webargs.flaskparser import FlaskParser
+from flask import Flask, Request, request
+from flask.json.provider import DefaultJSONProvider
+from sqlalchemy.orm import Session
+from webargs.flaskparser import FlaskParser, is_json_request
 
-from shared.errors import InvalidJson, InvalidRequest, register_error_handlers
+from shared import safejson
+from shared.errors import (
+    InvalidJson,
+    InvalidRequest,
+    NotFound,
+    UnsupportedMediaType,
+    register_error_handlers,
+)
 from shared.logs import install_request_id
 from shared.timefmt import iso_ms, parse_iso
+
+T = TypeVar("T")
 
 #: Body size limit of DESIGN.md (413 above it).
 MAX_BODY_BYTES = 256 * 1024
@@ -50,6 +64,11 @@ def _flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
+def field_error(field: str, message: str) -> InvalidRequest:
+    """400 `invalid_request` naming one field (its path, e.g. `destination.address`)."""
+    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
+
+
 def invalid_request_from(messages: Any) -> InvalidRequest:
     """One readable sentence naming each bad field, with the fields in details."""
     fields = _flatten(messages)
@@ -58,7 +77,7 @@ def invalid_request_from(messages: Any) -> InvalidRequest:
 
 
 class ArgumentsParser(FlaskParser):
-    """webargs parser that fails with our error format."""
+    """webargs parser that fails with our error format and reads JSON bodies safely."""
 
     DEFAULT_VALIDATION_STATUS = 400
 
@@ -79,18 +98,46 @@ class ArgumentsParser(FlaskParser):
                 messages = inner
         raise invalid_request_from(messages)
 
-    def _handle_invalid_json_error(
-        self, error: Exception, req: Any, *args: Any, **kwargs: Any
-    ) -> NoReturn:
-        raise InvalidJson("the body is not valid JSON")
+    def load_json(self, req: Request, schema: ma.Schema) -> Any:
+        """The JSON body, or `missing` when there is none.
 
-    def load_json(self, req: Any, schema: ma.Schema) -> Any:
-        try:
-            return super().load_json(req, schema)
-        except ValueError:
-            # Not a JSONDecodeError (handled above): e.g. an integer beyond Python's
-            # 4300-digit conversion limit.
-            raise InvalidJson("the body is not valid JSON (a number is too long)") from None
+        A body sent without a JSON content type is refused (415) rather than ignored:
+        ignoring it made the request fail as missing fields, which misleads.
+        """
+        data = req.get_data(cache=True)
+        if not is_json_request(req):
+            if data:
+                raise UnsupportedMediaType(NOT_JSON)
+            return ma.missing
+        if not data:
+            return ma.missing
+        return read_json_body(data)
+
+
+#: The message of a body sent without a JSON content type.
+NOT_JSON = "send the body as JSON, with Content-Type: application/json"
+
+
+def read_json_body(data: bytes) -> Any:
+    """A request body's JSON; 400 `invalid_json` for malformed or too deeply nested text."""
+    try:
+        return safejson.loads(data)
+    except safejson.TooComplex as err:
+        raise InvalidJson(f"the body {err}") from None
+    except json.JSONDecodeError:
+        raise InvalidJson("the body is not valid JSON") from None
+    except UnicodeDecodeError:
+        raise InvalidJson("the body is not valid JSON (not UTF-8)") from None
+    except ValueError:
+        # E.g. an integer beyond Python's 4300-digit conversion limit.
+        raise InvalidJson("the body is not valid JSON (a number is too long)") from None
+
+
+class JSONProvider(DefaultJSONProvider):
+    """Flask's JSON, with untrusted text read through `shared.safejson` (nesting bounded)."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        return safejson.loads(s)
 
 
 class Blueprint(flask_smorest.Blueprint):
@@ -101,11 +148,17 @@ class Blueprint(flask_smorest.Blueprint):
 
         webargs builds a new schema from a class on every request (a tenth of a
         simple POST's CPU); loading through one instance is safe, as our schemas
-        keep no per-load state.
+        keep no per-load state. A JSON body's route also documents its 415.
         """
         if isinstance(schema, type):
             schema = schema()
-        return super().arguments(schema, *args, **kwargs)
+        decorator = super().arguments(schema, *args, **kwargs)
+        if kwargs.get("location", "json") != "json":
+            return decorator
+        not_json = self.alt_response(
+            415, schema=ErrorSchema, description=f"unsupported_media_type: {NOT_JSON}"
+        )
+        return lambda func: not_json(decorator(func))
 
 
 class Schema(ma.Schema):
@@ -184,27 +237,70 @@ class ListArgs(Schema):
     cursor = ma.fields.String(load_default=None, validate=ma.validate.Length(max=512))
 
 
-def encode_cursor(values: Mapping[str, Any]) -> str:
-    raw = json.dumps(values, separators=(",", ":")).encode()
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list, newest first: its items and the cursor of the next page.
+
+    What every list use case returns; a list schema renders it as
+    `{"<things>": [...], "nextCursor": "..." | null}`.
+    """
+
+    items: list[T]
+    #: Opaque; None on the last page.
+    next_cursor: str | None
+
+
+#: Text a string cursor key may hold: our ids (`we_01J...`, `dep_...`) and nothing else.
+_CURSOR_TEXT = re.compile(r"[A-Za-z0-9_-]{1,120}")
+_BAD_CURSOR = "not a cursor this API gave out"
+
+
+def keyset_page(
+    session: Session,
+    query: sa.Select[tuple[T]],
+    key: sa.orm.InstrumentedAttribute[Any],
+    *,
+    limit: int,
+    cursor: str | None,
+) -> Page[T]:
+    """The page of `query`'s rows that `cursor` points at, newest first by `key`.
+
+    `key` is a unique column that grows with creation (an id or a sequence), so a
+    page starts strictly below the last row of the page before: pages neither skip
+    nor repeat rows while new ones are written. The cursor carries that last key; a
+    cursor we did not give out (or one whose key has the wrong type) is a 400.
+    """
+    after = _cursor_key(cursor, key)
+    if after is not None:
+        query = query.where(key < after)
+    rows = list(session.scalars(query.order_by(key.desc()).limit(limit + 1)))
+    if len(rows) <= limit:
+        return Page(rows, None)
+    rows = rows[:limit]
+    return Page(rows, _encode_cursor(getattr(rows[-1], key.key)))
+
+
+def _encode_cursor(value: int | str) -> str:
+    raw = json.dumps({"k": value}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str | None) -> dict[str, Any] | None:
-    """Opaque cursor -> its values; a damaged cursor is a 400 naming `cursor`."""
+def _cursor_key(cursor: str | None, key: sa.orm.InstrumentedAttribute[Any]) -> int | str | None:
     if cursor is None:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        values = json.loads(raw)
+        values = safejson.loads(raw)
     except (binascii.Error, ValueError):
-        raise InvalidRequest(
-            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
-        ) from None
-    if not isinstance(values, dict):
-        raise InvalidRequest(
-            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
-        )
-    return values
+        raise field_error("cursor", _BAD_CURSOR) from None
+    value = values.get("k") if isinstance(values, dict) else None
+    if key.type.python_type is int:
+        # Bounded to BIGINT: a larger number made PostgreSQL fail (500) instead of a 400.
+        if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+            return value
+    elif isinstance(value, str) and _CURSOR_TEXT.fullmatch(value):
+        return value
+    raise field_error("cursor", _BAD_CURSOR)
 
 
 class ErrorSchema(Schema):
@@ -224,6 +320,10 @@ class Api(flask_smorest.Api):
 def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flask_smorest.Api:
     """flask-smorest Api with our error format, JSON settings and OpenAPI location."""
     prefix, _, json_name = openapi_path.rpartition("/")
+    # Werkzeug answers `/v1//chains` with a 308 to `/v1/chains` whose Location is built
+    # from the Host header; we answer 404 instead (set before any rule is added).
+    app.url_map.merge_slashes = False
+    app.json = JSONProvider(app)
     app.config.setdefault("API_TITLE", title)
     app.config.setdefault("API_VERSION", version)
     app.config.setdefault("OPENAPI_VERSION", "3.0.3")
@@ -238,8 +338,8 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     if app.config.get("MAX_CONTENT_LENGTH") is None:
         # Not setdefault: Flask's default config already holds the key (as None).
         app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.json.compact = True  # type: ignore[attr-defined]
+    app.json.sort_keys = False
+    app.json.compact = True
     api = Api(app)
     # apispec maps fields by class; Timestamp derives from Field, so name its type.
     api.register_field(Timestamp, "string", "date-time")
@@ -252,4 +352,12 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     # Registered after flask-smorest's own handlers so ours win.
     register_error_handlers(app)
     install_request_id(app)
+    app.before_request(_refuse_leading_double_slash)
     return api
+
+
+def _refuse_leading_double_slash() -> None:
+    """`//v1/chains` is a 404 like `/v1//chains` (Werkzeug strips leading slashes from
+    `request.path` and before matching, so it would answer as `/v1/chains`)."""
+    if request.environ.get("PATH_INFO", "").startswith("//"):
+        raise NotFound("no such route")

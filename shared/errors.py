@@ -155,6 +155,13 @@ def register_error_handlers(app: Flask) -> None:
             response.headers["Allow"] = ", ".join(err.valid_methods or [])
         return response
 
+    @app.errorhandler(RecursionError)
+    def _too_deep(err: RecursionError) -> Response:
+        # Only input can recurse this deep (bodies are capped at 32 levels before
+        # parsing; this is the net below that cap): the client's fault, not ours.
+        log.warning("request refused: %s", err)
+        return error_response(InvalidRequest("the request is nested too deeply to process"))
+
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:
         log.exception("unhandled error")

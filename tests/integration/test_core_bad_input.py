@@ -51,16 +51,16 @@ RAW_CASES: list[tuple[str, str, str | bytes | None, str | None, int, str]] = [
     ("PUT", POLICY, "{bad", JSON, 400, "invalid_json"),
     ("PATCH", PATCH, "[1]", JSON, 400, "invalid_request"),
     ("POST", FEES, "{", JSON, 400, "invalid_json"),
-    # JSON sent without a JSON content type is not read
-    ("POST", ACCOUNTS, '{"externalUserId": "a"}', "text/plain", 400, "invalid_request"),
-    ("POST", ACCOUNTS, '{"externalUserId": "a"}', None, 400, "invalid_request"),
+    # A body sent without a JSON content type is refused, asking for application/json
+    ("POST", ACCOUNTS, '{"externalUserId": "a"}', "text/plain", 415, "unsupported_media_type"),
+    ("POST", ACCOUNTS, '{"externalUserId": "a"}', None, 415, "unsupported_media_type"),
     (
         "POST",
         ACCOUNTS,
         "externalUserId=a",
         "application/x-www-form-urlencoded",
-        400,
-        "invalid_request",
+        415,
+        "unsupported_media_type",
     ),
     # Numbers Python's JSON reader refuses or turns into non-finite floats
     (

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 from eth_utils import keccak
@@ -31,11 +31,15 @@ from services.core import outbox
 from services.core.chains import ChainRegistry
 from services.core.deposits.models import Deposit, InventoryBalance, RouteProviderHealth
 from services.core.deposits.settings import InventorySeed
-from services.core.hot_wallet import Erc20TransferExecutor, ReceiptTimeout
 from services.core.models import DepositAccount
 from shared import events
 from shared.db import Database
 from shared.timefmt import iso_ms, utcnow
+
+if TYPE_CHECKING:
+    # Not at run time: hot_wallet imports web3, which the API processes must not load
+    # (its py_ecc raises the recursion limit to 100000); only the paying worker needs it.
+    from services.core.hot_wallet import Erc20TransferExecutor
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +294,8 @@ class EvmPayer:
         return self._wait(ref, 0.0)
 
     def _wait(self, tx_hash: str, timeout_s: float) -> Outcome:
+        from services.core.hot_wallet import ReceiptTimeout  # web3: only where chains are paid
+
         try:
             status, _block = self.executor.wait_receipt(
                 tx_hash, timeout_s=timeout_s, poll_s=self.receipt_poll_s
