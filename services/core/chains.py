@@ -62,7 +62,9 @@ class Chain:
         return self.status == ACTIVE
 
     def asset_by_symbol(self, symbol: str) -> Asset | None:
-        return next((a for a in self.assets if a.symbol == symbol), None)
+        """The asset a tenant names: symbols match case-insensitively (`usdc` is USDC)."""
+        wanted = symbol.casefold()
+        return next((a for a in self.assets if a.symbol.casefold() == wanted), None)
 
     def asset_by_token(self, token_address: str) -> Asset | None:
         wanted = token_address.lower()
@@ -119,7 +121,11 @@ def _assets(raw: Iterable[dict[str, object]], where: str) -> tuple[Asset, ...]:
         decimals = item["decimals"]
         if not isinstance(decimals, int) or not 0 <= decimals <= 36:
             raise ChainsFileError(f"{where}.assets[{i}].decimals must be 0..36")
-        assets.append(Asset(str(item["symbol"]), token, decimals))
+        symbol = str(item["symbol"])
+        if any(a.symbol.casefold() == symbol.casefold() for a in assets):
+            # Symbols match case-insensitively (Chain.asset_by_symbol): keep them apart.
+            raise ChainsFileError(f"{where}.assets[{i}].symbol repeats another's (any case)")
+        assets.append(Asset(symbol, token, decimals))
     return tuple(assets)
 
 

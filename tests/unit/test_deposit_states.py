@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 
+from services.core.amounts import format_amount, token_units
 from services.core.deposits import states
 from services.core.deposits.pricing import StaticPrices, amount_usd, token_amount
-from services.core.deposits.serialize import format_amount, token_units
 from services.core.deposits.settings import PipelineSettings, parse_inventory, parse_prices
 from shared.settings import SettingsError
 

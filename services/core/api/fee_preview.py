@@ -10,7 +10,7 @@ from flask import Response
 from flask.views import MethodView
 
 from services.core import quotes
-from services.core.api.schemas import ERROR_DESCRIPTIONS, ChainId, json_response
+from services.core.api.schemas import ERROR_DESCRIPTIONS, Amount, ChainId, json_response
 from services.core.chains import Chain
 from services.core.context import core
 from services.core.fees import fee_for
@@ -38,18 +38,11 @@ class FeePreviewInSchema(Schema):
         allow_none=True,
         validate=ma.validate.Length(min=1, max=20),
         metadata={
-            "description": "Only this asset symbol, e.g. USDC (case-insensitive).",
+            "description": "Only this asset symbol, e.g. USDC (any case: usdc matches).",
             "example": "USDC",
         },
     )
-    amount = ma.fields.String(
-        required=True,
-        metadata={
-            "description": "Token units as a decimal string, > 0, with at most the asset's "
-            "decimals.",
-            "example": "125.50",
-        },
-    )
+    amount = Amount(required=True)
 
 
 class QuoteSchema(Schema):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import marshmallow as ma
 from flask.views import MethodView
 
+from services.core.api.schemas import Amount
 from services.core.context import core
 from services.core.deposits.pricing import StaticPrices
 from services.core.deposits.rules import SANDBOX_OUTCOMES
@@ -21,8 +20,6 @@ from shared.errors import Forbidden
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
-_DECIMAL = re.compile(r"^[0-9]{1,60}(\.[0-9]{1,36})?$")
-
 blp = Blueprint(
     "sandbox",
     __name__,
@@ -31,30 +28,13 @@ blp = Blueprint(
 )
 
 
-class DecimalString(ma.fields.String):
-    """A positive decimal amount written as a string (`"125.50"`), never a float."""
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Decimal:
-        if not isinstance(value, str):
-            raise ma.ValidationError('must be a decimal string such as "125.50"')
-        if not _DECIMAL.match(value):
-            raise ma.ValidationError('must be a decimal string such as "125.50"')
-        try:
-            amount = Decimal(value)
-        except InvalidOperation:
-            raise ma.ValidationError('must be a decimal string such as "125.50"') from None
-        if amount <= 0:
-            raise ma.ValidationError("must be greater than 0")
-        return amount
-
-
 class SandboxDepositSchema(Schema):
     deposit_address = Address(required=True, metadata={"description": "One of your addresses."})
     chain_id = StrictInteger(required=True, metadata={"example": 8453})
     asset = ma.fields.String(
         required=True, validate=ma.validate.Length(min=1, max=20), metadata={"example": "USDC"}
     )
-    amount = DecimalString(required=True, metadata={"example": "125.50"})
+    amount = Amount(required=True)
     outcome = ma.fields.String(
         load_default="credited",
         validate=ma.validate.OneOf(SANDBOX_OUTCOMES),

@@ -12,6 +12,7 @@ from typing import Any
 import marshmallow as ma
 from flask import Response, jsonify
 
+from services.core import amounts
 from services.core.accounts import (
     EXTERNAL_USER_ID_MAX,
     METADATA_KEY_MAX,
@@ -66,6 +67,27 @@ def printable(value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ma.ValidationError("must contain only printable characters") from None
+
+
+class Amount(ma.fields.String):
+    """A token amount (`services.core.amounts`): a decimal string in, a Decimal out."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("metadata", {})
+        kwargs["metadata"].setdefault(
+            "description",
+            f"Token units as {amounts.AMOUNT_SHAPE}, greater than 0, with at most the "
+            "token's decimals.",
+        )
+        kwargs["metadata"].setdefault("example", "125.50")
+        kwargs["metadata"].setdefault("pattern", f"^{amounts.AMOUNT_PATTERN}$")
+        super().__init__(**kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        try:
+            return amounts.parse_amount(value)
+        except amounts.AmountError as err:
+            raise ma.ValidationError(str(err)) from None
 
 
 class DestinationSchema(Schema):

@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.core import outbox
+from services.core.amounts import token_units
 from services.core.chains import Chain, ChainRegistry
 from services.core.deposits import states, store, transitions
 from services.core.deposits.models import (
@@ -40,7 +41,7 @@ from services.core.deposits.models import (
 )
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import net_usd
-from services.core.deposits.serialize import deposit_document, token_units
+from services.core.deposits.serialize import deposit_document
 from services.core.deposits.store import DepositStore
 from services.core.evm import TransferLog, checksum
 from services.core.fees import fee_for

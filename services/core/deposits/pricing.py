@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from decimal import ROUND_DOWN, Decimal
 from typing import Protocol
 
+from services.core.amounts import EXACT
 from services.core.fees import USD_QUANTUM
 
 #: Dollar stablecoins priced at 1 unless configured otherwise.
@@ -48,9 +49,10 @@ def amount_usd(amount: Decimal, price: Decimal | None) -> Decimal | None:
     """USD value to the micro-dollar, rounded down (a credit is never overstated)."""
     if price is None:
         return None
-    return (amount * price).quantize(USD_QUANTUM, rounding=ROUND_DOWN)
+    # In EXACT: 28 significant digits (the default) rounded large 18-decimal amounts up.
+    return EXACT.multiply(amount, price).quantize(USD_QUANTUM, ROUND_DOWN, EXACT)
 
 
 def token_amount(usd: Decimal, price: Decimal, decimals: int) -> Decimal:
     """How many tokens `usd` buys, rounded down to the token's decimals."""
-    return (usd / price).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_DOWN)
+    return EXACT.divide(usd, price).quantize(Decimal(1).scaleb(-decimals), ROUND_DOWN, EXACT)

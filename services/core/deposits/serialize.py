@@ -14,21 +14,10 @@ from typing import Any
 
 import marshmallow as ma
 
+from services.core.amounts import format_amount, token_units
 from services.core.deposits import states
 from shared.api import Schema, Timestamp
 from shared.timefmt import iso_ms
-
-
-def token_units(raw: int, decimals: int) -> Decimal:
-    """Base units -> token units, exactly."""
-    return Decimal(raw).scaleb(-decimals)
-
-
-def format_amount(value: Decimal) -> str:
-    """A token amount as decimal text with at least two decimals: `125.50`, `0.000001`."""
-    text = format(value.normalize(), "f")
-    whole, _, frac = text.partition(".")
-    return f"{whole}.{frac.ljust(2, '0')}"
 
 
 def amount_text(deposit: Any) -> str:
