@@ -8,7 +8,7 @@ never reused, so no two accounts (of any tenants) share an address.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -24,6 +24,7 @@ from services.core.destinations import Destination, validate_destination
 from services.core.models import DepositAccount, DepositAddress, DestinationPolicy
 from services.core.outbox_wakeup import wake_relay
 from shared import events
+from shared.api import Page, keyset_page
 from shared.db import Database, DriverStatement
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
@@ -418,31 +419,14 @@ def get_account(
     return account_document(account, registry)
 
 
-@dataclass(frozen=True)
-class AccountPage:
-    accounts: Sequence[dict[str, Any]]
-    #: pk of the last account when more follow (the next page starts below it).
-    next_before_pk: int | None
-
-
 def list_accounts(
-    session: Session,
-    registry: ChainRegistry,
-    tenant_id: str,
-    *,
-    limit: int,
-    before_pk: int | None = None,
-) -> AccountPage:
+    session: Session, registry: ChainRegistry, tenant_id: str, *, limit: int, cursor: str | None
+) -> Page[dict[str, Any]]:
     """Newest first, keyset on pk: pages neither skip nor repeat while accounts are added."""
-    query = _account_query(tenant_id).order_by(DepositAccount.pk.desc()).limit(limit + 1)
-    if before_pk is not None:
-        query = query.where(DepositAccount.pk < before_pk)
-    rows = list(session.scalars(query))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return AccountPage(
-        [account_document(a, registry) for a in rows], rows[-1].pk if more and rows else None
+    page = keyset_page(
+        session, _account_query(tenant_id), DepositAccount.pk, limit=limit, cursor=cursor
     )
+    return Page([account_document(a, registry) for a in page.items], page.next_cursor)
 
 
 def update_destination(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.core.chains import Chain, ChainRegistry
-from shared.errors import InvalidRequest
+from shared.api import field_error
 
 ZERO_ADDRESS = "0x" + "0" * 40
 
@@ -34,10 +34,6 @@ class Destination:
         }
 
 
-def _invalid(field: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
-
-
 def validate_destination(
     registry: ChainRegistry, destination: Destination, *, field: str = "destination"
 ) -> Chain:
@@ -48,13 +44,15 @@ def validate_destination(
     chain = registry.require_active(destination.chain_id)
     if chain.asset_by_token(destination.token_address) is None:
         accepted = ", ".join(f"{a.symbol} {a.token_address}" for a in chain.assets)
-        raise _invalid(
+        raise field_error(
             f"{field}.tokenAddress",
             f"{destination.token_address} is not a token Settle settles on chain "
             f"{chain.chain_id} ({chain.name}); accepted: {accepted}",
         )
     if destination.address.lower() == ZERO_ADDRESS:
-        raise _invalid(f"{field}.address", "the zero address cannot receive a settlement")
+        raise field_error(f"{field}.address", "the zero address cannot receive a settlement")
     if destination.address.lower() == destination.token_address.lower():
-        raise _invalid(f"{field}.address", "the token contract itself cannot receive a settlement")
+        raise field_error(
+            f"{field}.address", "the token contract itself cannot receive a settlement"
+        )
     return chain

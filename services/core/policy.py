@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
 from services.core.models import DestinationPolicy
-from shared.errors import InvalidRequest
+from shared.api import field_error
 from shared.timefmt import iso_ms, utcnow
 
 #: Longest venue label (interface: at most 120 characters).
@@ -42,10 +42,7 @@ def put_policy(
     """Create or replace the tenant's policy in one statement (safe under concurrent PUTs)."""
     validate_destination(registry, destination)
     if venue is not None and len(venue) > VENUE_MAX:
-        raise InvalidRequest(
-            f"venue: at most {VENUE_MAX} characters",
-            details={"fields": {"venue": [f"at most {VENUE_MAX} characters"]}},
-        )
+        raise field_error("venue", f"at most {VENUE_MAX} characters")
     now = now or utcnow()
     values = {
         "tenant_id": tenant_id,

@@ -31,7 +31,8 @@ from services.notifier.models import (
     StoredEvent,
 )
 from shared import events
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.api import Page, field_error, keyset_page
+from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 from shared.timefmt import parse_iso, utcnow
 
@@ -236,14 +237,9 @@ def recover(
     now = now or utcnow()
     until = until or now
     if since >= until:
-        raise InvalidRequest(
-            "until: must be later than since", details={"fields": {"until": ["after since"]}}
-        )
+        raise field_error("until", "must be later than since")
     if until - since > MAX_RECOVER_WINDOW:
-        raise InvalidRequest(
-            f"until: the window may span at most {MAX_RECOVER_WINDOW.days} days",
-            details={"fields": {"until": [f"at most {MAX_RECOVER_WINDOW.days} days after since"]}},
-        )
+        raise field_error("until", f"at most {MAX_RECOVER_WINDOW.days} days after since")
     endpoint = _sendable_endpoint(session, tenant_id, endpoint_id)
     failed = aliased(Delivery, name="failed")
     settled = (
@@ -295,13 +291,6 @@ class DeliveryFilters:
     created_before: datetime | None = None
 
 
-@dataclass(frozen=True)
-class DeliveryPage:
-    items: list[Delivery]
-    #: Id to continue after, or None on the last page.
-    next_after: str | None
-
-
 def get_delivery(session: Session, tenant_id: str | None, delivery_id: str) -> Delivery:
     """The tenant's delivery (`tenant_id` None: any tenant's, for ops) or 404."""
     if not is_plausible_id(delivery_id):
@@ -321,8 +310,8 @@ def list_deliveries(
     filters: DeliveryFilters,
     *,
     limit: int,
-    after: str | None = None,
-) -> DeliveryPage:
+    cursor: str | None = None,
+) -> Page[Delivery]:
     """Deliveries matching every filter given, newest first (ids sort by creation)."""
     query = sa.select(Delivery)
     if tenant_id is not None:
@@ -339,12 +328,7 @@ def list_deliveries(
         query = query.where(Delivery.created_at >= filters.created_after)
     if filters.created_before is not None:
         query = query.where(Delivery.created_at < filters.created_before)
-    if after is not None:
-        query = query.where(Delivery.id < after)
-    rows = list(session.scalars(query.order_by(Delivery.id.desc()).limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return DeliveryPage(rows, rows[-1].id if more and rows else None)
+    return keyset_page(session, query, Delivery.id, limit=limit, cursor=cursor)
 
 
 def attempts_of(session: Session, delivery_id: str) -> list[Attempt]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -26,7 +25,8 @@ from services.notifier.models import (
     Endpoint,
 )
 from services.notifier.secrets import SecretBox, new_secret
-from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.api import Page, field_error, keyset_page
+from shared.errors import Conflict, NotFound
 from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
 from shared.ids import new_id
@@ -52,25 +52,21 @@ def is_plausible_id(value: str) -> bool:
     return bool(ID_PATTERN.fullmatch(value))
 
 
-def _field_error(field: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
-
-
 def checked_url(url: str, *, allow_private: bool, field: str = "url") -> str:
     """`url` if the URL policy admits it, else a 400 naming the field."""
     try:
         return urls.check_url(url, allow_private=allow_private)
     except urls.UrlRejected as err:
-        raise _field_error(field, str(err)) from None
+        raise field_error(field, str(err)) from None
 
 
 def checked_name(name: str, field: str = "name") -> str:
     if not name.strip():
-        raise _field_error(field, "must not be blank")
+        raise field_error(field, "must not be blank")
     if len(name) > MAX_NAME_LENGTH:
-        raise _field_error(field, f"must be at most {MAX_NAME_LENGTH} characters")
+        raise field_error(field, f"must be at most {MAX_NAME_LENGTH} characters")
     if any(not ch.isprintable() for ch in name):
-        raise _field_error(field, "must not contain control characters")
+        raise field_error(field, "must not contain control characters")
     return name
 
 
@@ -79,21 +75,12 @@ def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -
     kept: list[str] = []
     for event_type in event_types:
         if event_type not in EVENT_TYPES:
-            raise _field_error(field, unknown_type_message(event_type))
+            raise field_error(field, unknown_type_message(event_type))
         if event_type not in kept:
             kept.append(event_type)
     if not kept:
-        raise _field_error(field, "subscribe to at least one event type")
+        raise field_error(field, "subscribe to at least one event type")
     return kept
-
-
-@dataclass(frozen=True)
-class Page:
-    """A page of a keyset-paginated list, newest first."""
-
-    items: list[Endpoint]
-    #: Id to continue after, or None on the last page.
-    next_after: str | None
 
 
 def _lock_tenant(session: Session, tenant_id: str) -> None:
@@ -179,18 +166,13 @@ def get_endpoint(
 
 
 def list_endpoints(
-    session: Session, tenant_id: str | None, *, limit: int, after: str | None = None
-) -> Page:
+    session: Session, tenant_id: str | None, *, limit: int, cursor: str | None = None
+) -> Page[Endpoint]:
     """Live endpoints, newest first (ids sort by creation time)."""
     query = sa.select(Endpoint).where(Endpoint.deleted_at.is_(None))
     if tenant_id is not None:
         query = query.where(Endpoint.tenant_id == tenant_id)
-    if after is not None:
-        query = query.where(Endpoint.id < after)
-    rows = list(session.scalars(query.order_by(Endpoint.id.desc()).limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page(rows, rows[-1].id if more and rows else None)
+    return keyset_page(session, query, Endpoint.id, limit=limit, cursor=cursor)
 
 
 def update_endpoint(
@@ -227,7 +209,7 @@ def set_status(endpoint: Endpoint, status: str, *, reason: str = DISABLED_MANUAL
             endpoint.disabled_reason = reason
         endpoint.status = DISABLED
     else:
-        raise _field_error("status", "must be enabled or disabled")
+        raise field_error("status", "must be enabled or disabled")
 
 
 def delete_endpoint(session: Session, endpoint: Endpoint, now: datetime | None = None) -> int:
@@ -262,7 +244,7 @@ def rotate_secret(
     Only one previous secret is kept: rotating again drops the one before.
     """
     if not 0 <= previous_expires_in_s <= MAX_SECRET_OVERLAP_S:
-        raise _field_error(
+        raise field_error(
             "previousSecretExpiresInSeconds", f"must be between 0 and {MAX_SECRET_OVERLAP_S}"
         )
     now = now or utcnow()

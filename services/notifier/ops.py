@@ -61,11 +61,11 @@ def deliveries_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
     )
     with ctx.db.reader() as session:  # printed inside: closing a reader expires rows
         page = deliveries.list_deliveries(
-            session, args.tenant, filters, limit=args.limit, after=args.after
+            session, args.tenant, filters, limit=args.limit, cursor=args.cursor
         )
         _print(
             DeliveryListSchema(),
-            {"webhook_deliveries": page.items, "next_cursor": page.next_after},
+            {"webhook_deliveries": page.items, "next_cursor": page.next_cursor},
         )
     return 0
 
@@ -124,9 +124,9 @@ def _wait_final(ctx: NotifierContext, tenant: str | None, delivery_id: str, limi
 def endpoints_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
     now = utcnow()
     with ctx.db.reader() as session:
-        page = endpoints.list_endpoints(session, args.tenant, limit=args.limit, after=args.after)
+        page = endpoints.list_endpoints(session, args.tenant, limit=args.limit, cursor=args.cursor)
         items = [endpoint_out(e, now) for e in page.items]
-    _print(EndpointListSchema(), {"webhook_endpoints": items, "next_cursor": page.next_after})
+    _print(EndpointListSchema(), {"webhook_endpoints": items, "next_cursor": page.next_cursor})
     return 0
 
 
@@ -183,7 +183,7 @@ def register(
     p.add_argument("--since", type=_time, help="created at or after (ISO 8601)")
     p.add_argument("--until", type=_time, help="created before (ISO 8601)")
     p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
-    p.add_argument("--after", help="continue after this delivery id (nextCursor)")
+    p.add_argument("--cursor", help="the next page: the nextCursor a list printed")
     p.set_defaults(func=_command(deliveries_list, make_context))
 
     p = actions.add_parser("show", help="one delivery with its attempts and event")
@@ -211,7 +211,7 @@ def register(
     p = actions.add_parser("list", help="list live endpoints, newest first, as JSON")
     p.add_argument("--tenant", help="only this tenant's")
     p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
-    p.add_argument("--after", help="continue after this endpoint id (nextCursor)")
+    p.add_argument("--cursor", help="the next page: the nextCursor a list printed")
     p.set_defaults(func=_command(endpoints_list, make_context))
 
     for action, status in (("disable", DISABLED), ("enable", ENABLED)):

@@ -20,8 +20,7 @@ from services.core.api.schemas import (
 )
 from services.core.context import core
 from services.core.models import IdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, decode_cursor, encode_cursor
-from shared.errors import InvalidRequest
+from shared.api import Blueprint, ErrorSchema, ListArgs, Schema
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
@@ -62,19 +61,6 @@ def _error(status: int) -> Any:
     return blp.alt_response(status, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[status])
 
 
-def _before_pk(cursor: str | None) -> int | None:
-    values = decode_cursor(cursor)
-    if values is None:
-        return None
-    pk = values.get("pk")
-    # Bounded to BIGINT: a larger number made PostgreSQL fail (500) instead of a 400.
-    if not isinstance(pk, int) or isinstance(pk, bool) or not 1 <= pk < 2**63:
-        raise InvalidRequest(
-            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
-        )
-    return pk
-
-
 @blp.route("/deposit-accounts")
 class DepositAccounts(MethodView):
     @auth.requires(blp, "deposit_accounts:read")
@@ -84,17 +70,15 @@ class DepositAccounts(MethodView):
     def get(self, args: dict[str, Any]) -> Response:
         """List the tenant's deposit accounts, newest first."""
         ctx = core()
-        before = _before_pk(args["cursor"])
         with ctx.db.reader() as session:
             page = accounts.list_accounts(
                 session,
                 ctx.registry,
                 auth.current_principal().tenant_id,
                 limit=args["limit"],
-                before_pk=before,
+                cursor=args["cursor"],
             )
-        cursor = None if page.next_before_pk is None else encode_cursor({"pk": page.next_before_pk})
-        return json_response({"depositAccounts": list(page.accounts), "nextCursor": cursor})
+        return json_response({"depositAccounts": page.items, "nextCursor": page.next_cursor})
 
     @auth.requires(blp, "deposit_accounts:write")
     @idempotent(IdempotencyRecord)

@@ -62,7 +62,7 @@ class Deposits(MethodView):
         page = DepositQueries(core().db).list_page(
             auth.current_principal().tenant_id, filters, limit=args["limit"], cursor=args["cursor"]
         )
-        return {"deposits": page.deposits, "next_cursor": page.next_cursor}
+        return {"deposits": page.items, "next_cursor": page.next_cursor}
 
 
 @blp.route("/deposits/<string:depositId>")

@@ -7,16 +7,15 @@ as one that does not exist. Rows come back detached, for the schemas to render.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 
 from services.core.deposits.models import Deposit
-from shared.api import decode_cursor, encode_cursor
+from shared.api import Page, keyset_page
 from shared.db import Database
-from shared.errors import InvalidRequest, NotFound
+from shared.errors import NotFound
 
 #: What a deposit id looks like (anything else is not found without a query).
 DEPOSIT_ID = re.compile(r"^dep_[0-9A-Z]{26}$")
@@ -29,12 +28,6 @@ class DepositFilters:
     chain_id: int | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
-
-
-@dataclass(frozen=True)
-class DepositPage:
-    deposits: list[Deposit]
-    next_cursor: str | None
 
 
 class DepositQueries:
@@ -55,8 +48,8 @@ class DepositQueries:
 
     def list_page(
         self, tenant_id: str, filters: DepositFilters, *, limit: int, cursor: str | None
-    ) -> DepositPage:
-        """A page of the tenant's deposits, newest first, and the next page's cursor."""
+    ) -> Page[Deposit]:
+        """A page of the tenant's deposits, newest first."""
         stmt = sa.select(Deposit).where(Deposit.tenant_id == tenant_id)
         if filters.external_user_id is not None:
             stmt = stmt.where(Deposit.external_user_id == filters.external_user_id)
@@ -68,19 +61,5 @@ class DepositQueries:
             stmt = stmt.where(Deposit.created_at >= filters.created_after)
         if filters.created_before is not None:
             stmt = stmt.where(Deposit.created_at < filters.created_before)
-        after = decode_cursor(cursor)
-        if after is not None:
-            last = after.get("id")
-            if not isinstance(last, str) or not DEPOSIT_ID.match(last):
-                raise InvalidRequest(
-                    "cursor: not a cursor this API gave out",
-                    details={"fields": {"cursor": ["not a cursor this API gave out"]}},
-                )
-            stmt = stmt.where(Deposit.id < last)
         with self.db.reader() as session:
-            rows: Sequence[Deposit] = session.scalars(
-                stmt.order_by(Deposit.id.desc()).limit(limit + 1)
-            ).all()
-        page = list(rows[:limit])
-        next_cursor = encode_cursor({"id": page[-1].id}) if len(rows) > limit else None
-        return DepositPage(page, next_cursor)
+            return keyset_page(session, stmt, Deposit.id, limit=limit, cursor=cursor)

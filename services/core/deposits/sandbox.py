@@ -18,13 +18,15 @@ from decimal import Decimal
 
 from eth_utils import keccak
 
+from services.core import amounts
 from services.core.chains import ChainRegistry
 from services.core.deposits.detection import Detection, account_at, open_deposit
 from services.core.deposits.models import Deposit
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import SANDBOX_OUTCOMES
+from shared.api import field_error
 from shared.db import Database
-from shared.errors import InvalidRequest, NotFound
+from shared.errors import NotFound
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,6 @@ class SandboxChain:
         elapsed = (now - deposit.created_at).total_seconds()
         count = 1 + int(max(0.0, elapsed) / self.block_s)
         return min(count, deposit.required_confirmations)
-
-
-def _invalid(field: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {message}", details={"fields": {field: [message]}})
 
 
 class SandboxDeposits:
@@ -90,16 +88,16 @@ class SandboxDeposits:
         token = chain.asset_by_symbol(asset)
         if token is None:
             accepted = ", ".join(a.symbol for a in chain.assets)
-            raise _invalid("asset", f"{asset} is not accepted on chain {chain_id}; use {accepted}")
+            raise field_error(
+                "asset", f"{asset} is not accepted on chain {chain_id}; use {accepted}"
+            )
         if not amount.is_finite() or amount <= 0:
-            raise _invalid("amount", "must be a positive decimal amount")
-        if amount.as_tuple().exponent < -token.decimals:  # type: ignore[operator]
-            raise _invalid("amount", f"{asset} has {token.decimals} decimals; {amount} has more")
-        amount_raw = int(amount.scaleb(token.decimals))
-        if amount_raw >= 2**256:
-            raise _invalid("amount", "is too large for a token amount")
+            raise field_error("amount", "must be a positive decimal amount")
+        if not amounts.fits(amount, token):
+            raise field_error("amount", amounts.too_fine_message(amount, [(chain, token)]))
+        amount_raw = amounts.base_units(amount, token.decimals)
         if outcome not in SANDBOX_OUTCOMES:
-            raise _invalid("outcome", f"must be one of {', '.join(SANDBOX_OUTCOMES)}")
+            raise field_error("outcome", f"must be one of {', '.join(SANDBOX_OUTCOMES)}")
         now = self.clock()
         block = self.chain.head(now)
         with self.db.transaction() as session:

@@ -17,13 +17,12 @@ from services.notifier.api.schemas import (
     DeliveryEnvelopeSchema,
     DeliveryListArgs,
     DeliveryListSchema,
-    cursor_after,
     delivery_detail,
     delivery_out,
 )
 from services.notifier.context import notifier
 from services.notifier.models import NotifierIdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, encode_cursor
+from shared.api import Blueprint, ErrorSchema
 from shared.idempotency import idempotent
 from shared.identity import auth
 
@@ -51,17 +50,13 @@ class WebhookDeliveries(MethodView):
             created_after=args.get("created_after"),
             created_before=args.get("created_before"),
         )
-        after = cursor_after(args["cursor"])
         # Dumped inside the session: closing a reader expires the rows.
         with notifier().db.reader() as session:
             page = deliveries.list_deliveries(
-                session, tenant_id(), filters, limit=args["limit"], after=after
+                session, tenant_id(), filters, limit=args["limit"], cursor=args["cursor"]
             )
             items = [delivery_out(d) for d in page.items]
-        return {
-            "webhook_deliveries": items,
-            "next_cursor": encode_cursor({"after": page.next_after}) if page.next_after else None,
-        }
+        return {"webhook_deliveries": items, "next_cursor": page.next_cursor}
 
 
 @blp.route("/webhook-deliveries/<deliveryId>")

@@ -22,12 +22,11 @@ from services.notifier.api.schemas import (
     EndpointWithSecretSchema,
     RecoverSchema,
     RotateSecretSchema,
-    cursor_after,
     endpoint_out,
 )
 from services.notifier.context import notifier
 from services.notifier.models import NotifierIdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, ListArgs, encode_cursor
+from shared.api import Blueprint, ErrorSchema, ListArgs
 from shared.idempotency import idempotent
 from shared.identity import auth
 from shared.timefmt import utcnow
@@ -48,16 +47,14 @@ class WebhookEndpoints(MethodView):
     def get(self, args: dict[str, Any]) -> dict[str, Any]:
         """List the tenant's webhook endpoints, newest first."""
         ctx = notifier()
-        after = cursor_after(args["cursor"])
         now = utcnow()
         # Rows are read inside the session: closing a reader expires them.
         with ctx.db.reader() as session:
-            page = endpoints.list_endpoints(session, tenant_id(), limit=args["limit"], after=after)
+            page = endpoints.list_endpoints(
+                session, tenant_id(), limit=args["limit"], cursor=args["cursor"]
+            )
             items = [endpoint_out(e, now) for e in page.items]
-        return {
-            "webhook_endpoints": items,
-            "next_cursor": encode_cursor({"after": page.next_after}) if page.next_after else None,
-        }
+        return {"webhook_endpoints": items, "next_cursor": page.next_cursor}
 
     @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)

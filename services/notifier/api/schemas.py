@@ -14,7 +14,6 @@ from services.notifier.endpoints import (
     ID_PATTERN,
     MAX_NAME_LENGTH,
     MAX_SECRET_OVERLAP_S,
-    is_plausible_id,
     previous_secret_expires_at,
 )
 from services.notifier.models import (
@@ -28,8 +27,7 @@ from services.notifier.models import (
 from services.notifier.sender import BASE_HEADERS
 from services.notifier.urls import MAX_URL_LENGTH
 from shared import signing
-from shared.api import ListArgs, Schema, StrictInteger, Timestamp, decode_cursor
-from shared.errors import InvalidRequest
+from shared.api import ListArgs, Schema, StrictInteger, Timestamp
 from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
 from shared.idempotency import OPENAPI_PARAMETER
@@ -327,19 +325,3 @@ class DeliveryListArgs(ListArgs):
     )
     created_after = Timestamp(metadata={"description": "Created at or after (inclusive)."})
     created_before = Timestamp(metadata={"description": "Created before (exclusive)."})
-
-
-# -- pagination ---------------------------------------------------------------------
-
-
-def cursor_after(cursor: str | None) -> str | None:
-    """The id a cursor continues after; a cursor we did not give out is a 400."""
-    values = decode_cursor(cursor)
-    if values is None:
-        return None
-    after = values.get("after")
-    if not isinstance(after, str) or not is_plausible_id(after):
-        raise InvalidRequest(
-            "cursor: not a cursor this API gave out", details={"fields": {"cursor": ["invalid"]}}
-        )
-    return after
