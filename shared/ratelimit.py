@@ -1,33 +1,53 @@
 """Rate limits per API key and per client IP: 429 with Retry-After, budget in headers.
 
-Buckets are GCRA (a token bucket kept as one timestamp) held in the process, so a
-check costs no I/O. Each API process enforces its own share: with N gunicorn
-workers behind the ingress a client gets at most N x the limit, so set the limits
-per process (docs/DECISIONS.md). Buckets idle for longer than they take to refill
-are forgotten, so memory stays bounded by the number of active clients.
+Buckets are GCRA (a token bucket kept as one timestamp, its "theoretical arrival
+time") in a `Store` with one method, `hit(key, rate, burst) -> Decision`:
+
+- `RedisStore` (`SETTLE_REDIS_URL` set): one bucket per key for every API process
+  that uses the same Redis, checked and updated atomically by a Lua script on Redis's
+  own clock, so N processes allow the limit once, not N times. When Redis cannot be
+  reached, each process falls back to its own in-memory buckets (the limit holds per
+  process: degraded, neither open nor closed) and tries Redis again after
+  `REDIS_RETRY_S`; a check never waits on Redis longer than `REDIS_TIMEOUT_S`.
+- `MemoryStore` (no Redis URL): the buckets of this process alone; with N processes
+  behind the ingress a client gets up to N x the limit (docs/DECISIONS.md).
 
 The API-key bucket is keyed on a hash of the bearer token, not on a database
 lookup, so unknown keys are limited too (guessing is throttled) and a check needs
-no query.
+no query. Other limits (sign-in throttling) use the same store under their own keys:
+`store(app)` or `current_store()`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from flask import Flask, Response, g, request
+import redis
+from flask import Flask, Response, current_app, g, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from shared.errors import RateLimited
-from shared.settings import env_float, env_int, environ
+from shared.settings import env_float, env_int, env_str, environ
 
-#: Forget idle buckets after this many checks.
+log = logging.getLogger(__name__)
+
+#: app.extensions key of the app's Store.
+EXTENSION = "settle.ratelimit"
+#: Forget idle in-memory buckets after this many checks.
 _SWEEP_EVERY = 10_000
+#: Longest a check waits on Redis (connect or answer) before using the local buckets.
+REDIS_TIMEOUT_S = 0.25
+#: How long after a Redis failure the local buckets are used before Redis is tried again.
+REDIS_RETRY_S = 1.0
+#: Prefix of every Redis key this module writes.
+REDIS_PREFIX = "settle:ratelimit:"
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,8 @@ class RateLimitConfig:
     per_ip_burst: int = 400
     #: Proxies in front of the app whose X-Forwarded-For to trust (1 behind our ingress).
     trusted_proxies: int = 0
+    #: Redis shared by every API process; None: each process keeps its own buckets.
+    redis_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RateLimitConfig:
@@ -50,6 +72,7 @@ class RateLimitConfig:
             per_ip_rate=env_float(env, "SETTLE_RATE_LIMIT_PER_IP", 200.0),
             per_ip_burst=env_int(env, "SETTLE_RATE_LIMIT_PER_IP_BURST", 400),
             trusted_proxies=env_int(env, "SETTLE_TRUSTED_PROXIES", 0),
+            redis_url=env_str(env, "SETTLE_REDIS_URL"),
         )
 
 
@@ -68,38 +91,138 @@ class Decision:
     reset_s: float
 
 
-class Limiter:
-    """GCRA buckets by key, thread-safe."""
+class Store(Protocol):
+    """Where buckets live. `rate` per second, `burst` at once; `key` names the bucket."""
 
-    def __init__(
-        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if rate <= 0 or burst < 1:
-            raise ValueError("rate must be > 0 and burst >= 1")
-        self.rate = rate
-        self.burst = burst
-        self._interval = 1.0 / rate
-        self._tolerance = self._interval * (burst - 1)
+    def hit(self, key: str, rate: float, burst: int) -> Decision: ...
+
+
+def _check(rate: float, burst: int) -> tuple[float, float]:
+    """(interval, tolerance) of a GCRA bucket, in seconds."""
+    if rate <= 0 or burst < 1:
+        raise ValueError("rate must be > 0 and burst >= 1")
+    interval = 1.0 / rate
+    return interval, interval * (burst - 1)
+
+
+def _decision(
+    allowed: bool, burst: int, interval: float, tolerance: float, wait: float, full_in: float
+) -> Decision:
+    if not allowed:
+        return Decision(False, burst, 0, wait, full_in)
+    # + 1e-3: Redis answers whole microseconds; never count a bucket one short for it.
+    remaining = int((tolerance - (full_in - interval)) / interval + 1e-3)
+    return Decision(True, burst, max(0, remaining), 0.0, full_in)
+
+
+class MemoryStore:
+    """GCRA buckets in this process, thread-safe; idle ones are forgotten."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._tat: dict[str, float] = {}
         self._lock = threading.Lock()
         self._checks = 0
 
-    def check(self, key: str) -> Decision:
+    def hit(self, key: str, rate: float, burst: int) -> Decision:
         """Take one request from `key`'s bucket if it has one."""
+        interval, tolerance = _check(rate, burst)
         with self._lock:
             now = self._clock()
             self._checks += 1
             if self._checks % _SWEEP_EVERY == 0:
                 self._tat = {k: t for k, t in self._tat.items() if t > now}
             tat = max(self._tat.get(key, now), now)
-            allow_at = tat - self._tolerance
+            allow_at = tat - tolerance
             if now < allow_at:
-                return Decision(False, self.burst, 0, allow_at - now, tat - now)
-            new_tat = tat + self._interval
-            self._tat[key] = new_tat
-            remaining = int((self._tolerance - (new_tat - now - self._interval)) / self._interval)
-            return Decision(True, self.burst, max(0, remaining), 0.0, new_tat - now)
+                return _decision(False, burst, interval, tolerance, allow_at - now, tat - now)
+            self._tat[key] = tat + interval
+            return _decision(True, burst, interval, tolerance, 0.0, tat + interval - now)
+
+
+#: GCRA in one atomic step, on Redis's clock (microseconds). KEYS[1]: the bucket;
+#: ARGV: interval, tolerance (microseconds). Returns {allowed, wait, full_in}.
+_GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+if now < tat - tolerance then
+  return {0, tat - tolerance - now, tat - now}
+end
+tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+return {1, 0, tat - now}
+"""
+
+
+class RedisStore:
+    """GCRA buckets in Redis, shared by every process using the same URL.
+
+    Falls back to `fallback` (this process's buckets) while Redis is unreachable.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fallback: Store | None = None,
+        prefix: str = REDIS_PREFIX,
+        timeout_s: float = REDIS_TIMEOUT_S,
+        retry_s: float = REDIS_RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._script = self._redis.register_script(_GCRA)
+        self._fallback = fallback or MemoryStore()
+        self._prefix = prefix
+        self._retry_s = retry_s
+        self._clock = clock
+        self._down_until = 0.0
+
+    def hit(self, key: str, rate: float, burst: int) -> Decision:
+        interval, tolerance = _check(rate, burst)
+        if self._clock() < self._down_until:
+            return self._fallback.hit(key, rate, burst)
+        try:
+            allowed, wait, full_in = self._script(
+                keys=[self._prefix + key], args=[interval * 1e6, tolerance * 1e6]
+            )
+        except redis.RedisError as err:
+            if self._down_until == 0.0:
+                log.warning(
+                    "rate limits: Redis unreachable (%s); each process limits on its own "
+                    "until it answers",
+                    err,
+                )
+            self._down_until = self._clock() + self._retry_s
+            return self._fallback.hit(key, rate, burst)
+        if self._down_until:
+            log.warning("rate limits: Redis answers again; limits are shared again")
+            self._down_until = 0.0
+        return _decision(bool(allowed), burst, interval, tolerance, wait / 1e6, full_in / 1e6)
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def make_store(config: RateLimitConfig) -> Store:
+    """The store `config` asks for: Redis when it has a URL, this process's memory if not."""
+    return RedisStore(config.redis_url) if config.redis_url else MemoryStore()
+
+
+def store(app: Flask) -> Store:
+    """The app's store (`install` puts it there)."""
+    found: Store = app.extensions[EXTENSION]
+    return found
+
+
+def current_store() -> Store:
+    return store(current_app)  # type: ignore[arg-type]
 
 
 def _headers(response: Response, decision: Decision) -> None:
@@ -116,23 +239,30 @@ def _bearer_fingerprint() -> str | None:
     return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
 
 
-def install(app: Flask, config: RateLimitConfig) -> None:
-    """Check both limits before every request; report the tighter budget on every answer."""
+def install(app: Flask, config: RateLimitConfig, store: Store | None = None) -> None:
+    """Check both limits before every request; report the tighter budget on every answer.
+
+    The store (made from `config` unless given) is kept in `app.extensions` for other
+    limits to share.
+    """
     if config.trusted_proxies > 0:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=config.trusted_proxies)  # type: ignore[method-assign]
-    per_key = Limiter(config.per_key_rate, config.per_key_burst) if config.per_key_rate else None
-    per_ip = Limiter(config.per_ip_rate, config.per_ip_burst) if config.per_ip_rate else None
-    if per_key is None and per_ip is None:
+    buckets = store if store is not None else make_store(config)
+    app.extensions[EXTENSION] = buckets
+    if not config.per_key_rate and not config.per_ip_rate:
         return
 
     @app.before_request
     def _limit() -> None:
         decisions = []
-        if per_ip is not None:
-            decisions.append(per_ip.check(request.remote_addr or "unknown"))
-        fingerprint = _bearer_fingerprint() if per_key is not None else None
-        if per_key is not None and fingerprint is not None:
-            decisions.append(per_key.check(fingerprint))
+        if config.per_ip_rate:
+            address = request.remote_addr or "unknown"
+            decisions.append(buckets.hit(f"ip:{address}", config.per_ip_rate, config.per_ip_burst))
+        fingerprint = _bearer_fingerprint() if config.per_key_rate else None
+        if fingerprint is not None:
+            decisions.append(
+                buckets.hit(f"key:{fingerprint}", config.per_key_rate, config.per_key_burst)
+            )
         if not decisions:
             return
         tightest = min(decisions, key=lambda d: (d.allowed, d.remaining))

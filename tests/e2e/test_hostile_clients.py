@@ -25,7 +25,6 @@ from shared.db import Database
 from tests.conftest import TenantKeys, make_tenant
 from tests.support.pipeline import isolated_database
 from tests.support.processes import SettleProcess, SettleProcesses
-from tests.support.services import require_service
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +104,6 @@ class Api:
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
     with isolated_database("hostile") as url:
         yield url
 

@@ -67,9 +67,19 @@ def test_every_service_is_there() -> None:
         "postgres",
         "rabbitmq-definitions",
         "rabbitmq",
+        "redis",
         "ingress",
         *SETTLE_COMMANDS,
     }
+
+
+def test_api_processes_share_rate_limits_and_know_their_proxy() -> None:
+    # Every API process on one Redis (one budget per client however many run), and the
+    # ingress's X-Forwarded-For names the client (else all clients share one bucket).
+    env = COMPOSE["x-settle-env"]
+    assert env["SETTLE_REDIS_URL"] == "redis://redis:6379/0"
+    assert env["SETTLE_TRUSTED_PROXIES"] == "1"
+    assert "healthcheck" in SERVICES["redis"]
 
 
 @pytest.mark.parametrize("name", sorted(SETTLE_COMMANDS))

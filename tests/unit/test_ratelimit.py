@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask
 
 from shared.errors import register_error_handlers
-from shared.ratelimit import Limiter, RateLimitConfig, install
+from shared.ratelimit import MemoryStore, RateLimitConfig, install
 
 
 class Clock:
@@ -18,25 +18,25 @@ class Clock:
 
 def test_burst_then_steady_rate() -> None:
     clock = Clock()
-    limiter = Limiter(rate=2.0, burst=3, clock=clock)
+    store = MemoryStore(clock=clock)
     # Given a fresh bucket, three requests pass at once, counting down the budget
-    assert [limiter.check("k").remaining for _ in range(3)] == [2, 1, 0]
+    assert [store.hit("k", 2.0, 3).remaining for _ in range(3)] == [2, 1, 0]
     # When a fourth comes at the same instant, it is refused with a wait of one interval
-    refused = limiter.check("k")
+    refused = store.hit("k", 2.0, 3)
     assert not refused.allowed and refused.retry_after_s == 0.5
     # Then after half a second one more passes, and other keys are unaffected
     clock.now += 0.5
-    assert limiter.check("k").allowed
-    assert limiter.check("other").remaining == 2
+    assert store.hit("k", 2.0, 3).allowed
+    assert store.hit("other", 2.0, 3).remaining == 2
 
 
 def test_idle_bucket_refills_completely() -> None:
     clock = Clock()
-    limiter = Limiter(rate=1.0, burst=2, clock=clock)
-    limiter.check("k")
-    limiter.check("k")
+    store = MemoryStore(clock=clock)
+    store.hit("k", 1.0, 2)
+    store.hit("k", 1.0, 2)
     clock.now += 10
-    assert limiter.check("k").remaining == 1
+    assert store.hit("k", 1.0, 2).remaining == 1
 
 
 def make_app(config: RateLimitConfig) -> Flask:
