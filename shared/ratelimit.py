@@ -62,6 +62,8 @@ class RateLimitConfig:
     trusted_proxies: int = 0
     #: Redis shared by every API process; None: each process keeps its own buckets.
     redis_url: str | None = None
+    #: Prefix of the bucket keys in Redis (deployments or test runs sharing one Redis).
+    redis_prefix: str = REDIS_PREFIX
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RateLimitConfig:
@@ -73,6 +75,7 @@ class RateLimitConfig:
             per_ip_burst=env_int(env, "SETTLE_RATE_LIMIT_PER_IP_BURST", 400),
             trusted_proxies=env_int(env, "SETTLE_TRUSTED_PROXIES", 0),
             redis_url=env_str(env, "SETTLE_REDIS_URL"),
+            redis_prefix=env_str(env, "SETTLE_REDIS_PREFIX") or REDIS_PREFIX,
         )
 
 
@@ -212,7 +215,9 @@ class RedisStore:
 
 def make_store(config: RateLimitConfig) -> Store:
     """The store `config` asks for: Redis when it has a URL, this process's memory if not."""
-    return RedisStore(config.redis_url) if config.redis_url else MemoryStore()
+    if config.redis_url:
+        return RedisStore(config.redis_url, prefix=config.redis_prefix)
+    return MemoryStore()
 
 
 def store(app: Flask) -> Store:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,22 +21,14 @@ import pytest
 from shared.db import Database
 from tests.conftest import TenantKeys, make_tenant
 from tests.support.pipeline import isolated_database
-from tests.support.processes import SettleProcess, SettleProcesses
+from tests.support.processes import Api, SettleProcesses, free_port, start_api, wait_answering
 
 pytestmark = pytest.mark.e2e
 
-#: How long a started API may take to answer its first request (it imports a lot).
-READY_TIMEOUT_S = 60.0
 #: 100,000 levels: the 200 KB body of the report.
 DEPTH = 100_000
 NESTED_ARRAYS = b"[" * DEPTH + b"]" * DEPTH
 NESTED_OBJECTS = b'{"a":' * (DEPTH // 5) + b"1" + b"}" * (DEPTH // 5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -68,40 +57,6 @@ def request(
         conn.close()
 
 
-def wait_answering(process: SettleProcess, port: int, path: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not process.running:
-            raise AssertionError(f"{process.name} exited:\n{process.output()[-3000:]}")
-        try:
-            if request(port, "GET", path).status in (200, 503):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{process.name} did not answer in time:\n{process.output()[-3000:]}")
-
-
-def children(pid: int) -> set[int]:
-    """The child processes of `pid` (gunicorn's workers, for its master)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found.update(int(p) for p in text)
-    return found
-
-
-@dataclass
-class Api:
-    process: SettleProcess
-    port: int
-    status_path: str
-
-    def workers(self) -> set[int]:
-        assert self.process.proc is not None
-        return children(self.process.proc.pid)
-
-
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     with isolated_database("hostile") as url:
@@ -123,32 +78,14 @@ def procs(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settle
         yield procs
 
 
-def _start_api(procs: SettleProcesses, service: str, status_path: str) -> Api:
-    port = free_port()
-    process = procs.start(
-        f"{service}-api",
-        service,
-        "api",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--threads",
-        "2",
-        wait=False,
-    )
-    wait_answering(process, port, status_path)
-    return Api(process, port, status_path)
-
-
 @pytest.fixture(scope="module")
 def core_api(procs: SettleProcesses) -> Api:
-    return _start_api(procs, "core", "/v1/status")
+    return start_api(procs, "core", "/v1/status")
 
 
 @pytest.fixture(scope="module")
 def notifier_api(procs: SettleProcesses) -> Api:
-    return _start_api(procs, "notifier", "/v1/notifier/status")
+    return start_api(procs, "notifier", "/v1/notifier/status")
 
 
 @pytest.fixture(scope="module")

@@ -125,15 +125,15 @@ def test_a_slow_redis_is_not_waited_for(prefix: str) -> None:
 
 @pytest.fixture
 def shared_clients(core_context: CoreContext, prefix: str) -> list[FlaskClient]:
-    """Two core apps (as two gunicorn workers would be) on one Redis, 3 requests per key.
-
-    Their buckets are keyed on the test tenant's fresh API key, so no other test meets
-    them; they expire by themselves.
-    """
+    """Two core apps (as two gunicorn workers would be) on one Redis, 3 requests per key."""
     config = replace(
         core_context.config,
         rate_limits=RateLimitConfig(
-            per_key_rate=1 / 60, per_key_burst=3, per_ip_rate=0, redis_url=REDIS_URL
+            per_key_rate=1 / 60,
+            per_key_burst=3,
+            per_ip_rate=0,
+            redis_url=REDIS_URL,
+            redis_prefix=prefix,
         ),
     )
     clients = []

@@ -14,8 +14,10 @@ the context exits, whatever happened.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -172,3 +174,83 @@ class SettleProcesses:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+# --- API processes (gunicorn) ----------------------------------------------------------
+
+#: How long a started API may take to answer its first request (it imports a lot).
+API_READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _status(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def wait_answering(process: SettleProcess, port: int, path: str) -> None:
+    """Return once `path` answers on `port` (bounded; fails if the process exits)."""
+    deadline = time.monotonic() + API_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not process.running:
+            raise AssertionError(f"{process.name} exited:\n{process.output()[-3000:]}")
+        try:
+            if _status(port, path) in (200, 503):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{process.name} did not answer in time:\n{process.output()[-3000:]}")
+
+
+def children(pid: int) -> set[int]:
+    """The child processes of `pid` (gunicorn's workers, for its master)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(p) for p in (task / "children").read_text().split())
+    return found
+
+
+@dataclass
+class Api:
+    """A `settle <service> api` process (gunicorn) on a port of its own."""
+
+    process: SettleProcess
+    port: int
+    status_path: str
+
+    def workers(self) -> set[int]:
+        assert self.process.proc is not None
+        return children(self.process.proc.pid)
+
+
+def start_api(
+    procs: SettleProcesses, service: str, status_path: str, *, name: str | None = None
+) -> Api:
+    """`settle <service> api` with one worker of two threads; returned once it answers."""
+    port = free_port()
+    process = procs.start(
+        name or f"{service}-api",
+        service,
+        "api",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--threads",
+        "2",
+        wait=False,
+    )
+    wait_answering(process, port, status_path)
+    return Api(process, port, status_path)
