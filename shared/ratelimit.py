@@ -25,8 +25,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import redis
@@ -46,6 +46,8 @@ _SWEEP_EVERY = 10_000
 REDIS_TIMEOUT_S = 0.25
 #: How long after a Redis failure the local buckets are used before Redis is tried again.
 REDIS_RETRY_S = 1.0
+#: Longest a process keeps tokens it leased from Redis before they lapse unspent.
+LEASE_S = 1.0
 #: Prefix of every Redis key this module writes.
 REDIS_PREFIX = "settle:ratelimit:"
 
@@ -94,10 +96,18 @@ class Decision:
     reset_s: float
 
 
+#: One bucket to take a request from: (key, rate per second, burst).
+Hit = tuple[str, float, int]
+
+
 class Store(Protocol):
     """Where buckets live. `rate` per second, `burst` at once; `key` names the bucket."""
 
     def hit(self, key: str, rate: float, burst: int) -> Decision: ...
+
+    def hit_all(self, hits: Sequence[Hit]) -> list[Decision]:
+        """Several buckets at once (for Redis: one round trip); each is charged."""
+        ...
 
 
 def _check(rate: float, burst: int) -> tuple[float, float]:
@@ -142,29 +152,74 @@ class MemoryStore:
             self._tat[key] = tat + interval
             return _decision(True, burst, interval, tolerance, 0.0, tat + interval - now)
 
+    def hit_all(self, hits: Sequence[Hit]) -> list[Decision]:
+        return [self.hit(key, rate, burst) for key, rate, burst in hits]
 
-#: GCRA in one atomic step, on Redis's clock (microseconds). KEYS[1]: the bucket;
-#: ARGV: interval, tolerance (microseconds). Returns {allowed, wait, full_in}.
+
+#: GCRA in one atomic step, on Redis's clock (microseconds), for each bucket in KEYS;
+#: ARGV: interval, tolerance (microseconds) and the tokens wanted, per bucket. Takes as
+#: many of the wanted tokens as the bucket has (at least 1, or it refuses). Returns,
+#: per bucket, flattened: tokens taken (0: refused), wait, full_in.
 _GCRA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval = tonumber(ARGV[1])
-local tolerance = tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-if now < tat - tolerance then
-  return {0, tat - tolerance - now, tat - now}
+local out = {}
+for i, key in ipairs(KEYS) do
+  local interval = tonumber(ARGV[3 * i - 2])
+  local tolerance = tonumber(ARGV[3 * i - 1])
+  local wanted = tonumber(ARGV[3 * i])
+  local tat = tonumber(redis.call('GET', key) or now)
+  if tat < now then tat = now end
+  local available = math.floor((tolerance + interval - (tat - now)) / interval)
+  if available < 1 then
+    out[#out + 1] = 0
+    out[#out + 1] = tat - tolerance - now
+    out[#out + 1] = tat - now
+  else
+    local taken = math.min(wanted, available)
+    tat = tat + taken * interval
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+    out[#out + 1] = taken
+    out[#out + 1] = 0
+    out[#out + 1] = tat - now
+  end
 end
-tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
-return {1, 0, tat - now}
+return out
 """
+
+
+def lease_size(burst: int) -> int:
+    """Tokens a process takes from Redis at once for a bucket of this burst.
+
+    1 (every request asks Redis: exact) for bursts under 40, such as sign-in
+    throttling; up to 10 for the API's bursts (200, 400), so a busy client costs one
+    Redis round trip per 10 requests per process.
+    """
+    return max(1, min(10, burst // 20))
+
+
+@dataclass
+class _Lease:
+    """What this process holds for a bucket: tokens taken from Redis and not spent yet,
+    or a refusal and until when it stands."""
+
+    tokens: int
+    #: When it lapses (unspent tokens are never handed back).
+    until: float
+    #: What the client is told meanwhile.
+    decision: Decision
 
 
 class RedisStore:
     """GCRA buckets in Redis, shared by every process using the same URL.
 
-    Falls back to `fallback` (this process's buckets) while Redis is unreachable.
+    For a bucket with a large burst a process takes a lease of `lease_size(burst)`
+    tokens in one round trip and spends them locally within `LEASE_S`. Each process
+    holds at most one lease per bucket, so at any moment a client can get at most one
+    lease per process beyond its limit, or be refused up to one lease per process early
+    (tokens leased by another process and not spent). Small bursts are exact. A
+    refusal is remembered until its wait is over. Falls back to `fallback` (this
+    process's buckets) while Redis is unreachable.
     """
 
     def __init__(
@@ -186,28 +241,90 @@ class RedisStore:
         self._retry_s = retry_s
         self._clock = clock
         self._down_until = 0.0
+        self._leases: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
 
     def hit(self, key: str, rate: float, burst: int) -> Decision:
-        interval, tolerance = _check(rate, burst)
-        if self._clock() < self._down_until:
-            return self._fallback.hit(key, rate, burst)
-        try:
-            allowed, wait, full_in = self._script(
-                keys=[self._prefix + key], args=[interval * 1e6, tolerance * 1e6]
-            )
-        except redis.RedisError as err:
-            if self._down_until == 0.0:
-                log.warning(
-                    "rate limits: Redis unreachable (%s); each process limits on its own "
-                    "until it answers",
-                    err,
+        return self.hit_all([(key, rate, burst)])[0]
+
+    def hit_all(self, hits: Sequence[Hit]) -> list[Decision]:
+        shapes = [_check(rate, burst) for _, rate, burst in hits]
+        now = self._clock()
+        if now < self._down_until:
+            return self._fallback.hit_all(hits)
+        decisions: list[Decision | None] = [self._from_lease(key, now) for key, _, _ in hits]
+        ask = [i for i, d in enumerate(decisions) if d is None]
+        if ask:
+            try:
+                answer = self._script(
+                    keys=[self._prefix + hits[i][0] for i in ask],
+                    args=[
+                        v
+                        for i in ask
+                        for v in (*(x * 1e6 for x in shapes[i]), lease_size(hits[i][2]))
+                    ],
                 )
-            self._down_until = self._clock() + self._retry_s
-            return self._fallback.hit(key, rate, burst)
-        if self._down_until:
-            log.warning("rate limits: Redis answers again; limits are shared again")
-            self._down_until = 0.0
-        return _decision(bool(allowed), burst, interval, tolerance, wait / 1e6, full_in / 1e6)
+            except redis.RedisError as err:
+                self._went_down(err)
+                return self._fallback.hit_all(hits)
+            if self._down_until:
+                log.warning("rate limits: Redis answers again; limits are shared again")
+                self._down_until = 0.0
+            for n, i in enumerate(ask):
+                taken, wait, full_in = answer[3 * n : 3 * n + 3]
+                decisions[i] = self._taken(hits[i], shapes[i], taken, wait / 1e6, full_in / 1e6)
+        return [d for d in decisions if d is not None]
+
+    def _from_lease(self, key: str, now: float) -> Decision | None:
+        """This request's decision from what this process holds for `key`, or None."""
+        with self._lock:
+            lease = self._leases.get(key)
+            if lease is None or now >= lease.until:
+                self._leases.pop(key, None)
+                return None
+            if not lease.decision.allowed:
+                # A refusal stands until its wait is over, whatever other processes do
+                # (GCRA frees no token earlier): no round trip for a flood of them.
+                wait = lease.until - now
+                return replace(lease.decision, retry_after_s=wait)
+            if lease.tokens < 1:
+                del self._leases[key]
+                return None
+            lease.tokens -= 1
+            remaining = max(0, lease.decision.remaining - 1)
+            lease.decision = replace(lease.decision, remaining=remaining)
+            return lease.decision
+
+    def _taken(
+        self, hit: Hit, shape: tuple[float, float], taken: int, wait: float, full_in: float
+    ) -> Decision:
+        key, _, burst = hit
+        interval, tolerance = shape
+        now = self._clock()
+        if not taken:
+            refused = _decision(False, burst, interval, tolerance, wait, full_in)
+            self._hold(key, _Lease(0, now + wait, refused), now)
+            return refused
+        # As if the leased tokens were taken one by one, this request the first of them.
+        first = _decision(True, burst, interval, tolerance, 0.0, full_in - (taken - 1) * interval)
+        if taken > 1:
+            self._hold(key, _Lease(taken - 1, now + LEASE_S, first), now)
+        return first
+
+    def _hold(self, key: str, lease: _Lease, now: float) -> None:
+        with self._lock:
+            self._leases[key] = lease
+            if len(self._leases) > _SWEEP_EVERY:
+                self._leases = {k: v for k, v in self._leases.items() if v.until > now}
+
+    def _went_down(self, err: Exception) -> None:
+        if self._down_until == 0.0:
+            log.warning(
+                "rate limits: Redis unreachable (%s); each process limits on its own "
+                "until it answers",
+                err,
+            )
+        self._down_until = self._clock() + self._retry_s
 
     def close(self) -> None:
         self._redis.close()
@@ -259,17 +376,17 @@ def install(app: Flask, config: RateLimitConfig, store: Store | None = None) -> 
 
     @app.before_request
     def _limit() -> None:
-        decisions = []
+        hits: list[Hit] = []
         if config.per_ip_rate:
             address = request.remote_addr or "unknown"
-            decisions.append(buckets.hit(f"ip:{address}", config.per_ip_rate, config.per_ip_burst))
+            hits.append((f"ip:{address}", config.per_ip_rate, config.per_ip_burst))
         fingerprint = _bearer_fingerprint() if config.per_key_rate else None
         if fingerprint is not None:
-            decisions.append(
-                buckets.hit(f"key:{fingerprint}", config.per_key_rate, config.per_key_burst)
-            )
-        if not decisions:
+            hits.append((f"key:{fingerprint}", config.per_key_rate, config.per_key_burst))
+        if not hits:
             return
+        # Both buckets in one call: one Redis round trip per request.
+        decisions = buckets.hit_all(hits)
         tightest = min(decisions, key=lambda d: (d.allowed, d.remaining))
         g.rate_limit = tightest
         if not tightest.allowed:

@@ -160,3 +160,47 @@ def test_without_a_redis_url_each_process_has_its_own_buckets(core_context: Core
     app = create_app(context=core_context)
     with app.app_context():
         assert isinstance(current_store(), MemoryStore)
+
+
+def test_several_buckets_in_one_round_trip(prefix: str) -> None:
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    calls: list[object] = []
+    script = store._script
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return script(*args, **kwargs)
+
+    store._script = counted  # type: ignore[method-assign,assignment]
+    ip, key = store.hit_all([("ip:a", 1 / 60, 2), ("key:b", 1 / 60, 1)])
+    assert (ip.allowed, ip.remaining, key.allowed, key.remaining) == (True, 1, True, 0)
+    ip, key = store.hit_all([("ip:a", 1 / 60, 2), ("key:b", 1 / 60, 1)])
+    assert (ip.allowed, ip.remaining, key.allowed) == (True, 0, False)
+    assert len(calls) == 2  # one script call (one round trip) per request, not per bucket
+
+
+def test_large_bursts_are_leased_within_the_documented_bound(prefix: str) -> None:
+    # Given two processes and a bucket of burst 400 (leases of 10), refilling slowly
+    a, b = RedisStore(REDIS_URL, prefix=prefix), RedisStore(REDIS_URL, prefix=prefix)
+    calls = 0
+    for store in (a, b):
+        script = store._script
+
+        def counted(*args: object, _script: object = script, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return _script(*args, **kwargs)  # type: ignore[operator]
+
+        store._script = counted  # type: ignore[method-assign,assignment]
+    # When one client sends 500 requests, alternating between them
+    allowed = sum((a if n % 2 else b).hit("ip:busy", 1 / 600, 400).allowed for n in range(500))
+    # Then never more than the burst passes, at most a lease per process is stranded,
+    # and Redis was asked about once per 10 requests, not once per request
+    assert 400 - 2 * 9 <= allowed <= 400
+    assert calls <= 500 // 10 + 2 * 10
+
+
+def test_small_bursts_are_exact(prefix: str) -> None:
+    a, b = RedisStore(REDIS_URL, prefix=prefix), RedisStore(REDIS_URL, prefix=prefix)
+    allowed = sum((a if n % 2 else b).hit("ip:signin", 1 / 600, 39).allowed for n in range(60))
+    assert allowed == 39
