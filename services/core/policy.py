@@ -2,43 +2,59 @@
 
 One policy per tenant. PUT creates or replaces it (createdAt kept, updatedAt
 moved). Accounts copy it at creation time; changing it later leaves them alone.
+The use cases own their transaction and return a `Policy`; the API's schema renders it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
 
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
 from services.core.models import DestinationPolicy
 from shared.api import field_error
-from shared.timefmt import iso_ms, utcnow
+from shared.db import Database
+from shared.timefmt import utcnow
 
 #: Longest venue label (interface: at most 120 characters).
 VENUE_MAX = 120
 
 
-def get_policy(session: Session, tenant_id: str) -> DestinationPolicy | None:
-    return session.get(DestinationPolicy, tenant_id)
+@dataclass(frozen=True)
+class Policy:
+    """A tenant's destination policy."""
+
+    tenant_id: str
+    destination: Destination
+    venue: str | None
+    created_at: datetime
+    updated_at: datetime
 
 
-def policy_destination(policy: DestinationPolicy) -> Destination:
-    return Destination(policy.chain_id, policy.address, policy.token_address)
+def _policy(row: DestinationPolicy) -> Policy:
+    destination = Destination(row.chain_id, row.address, row.token_address)
+    return Policy(row.tenant_id, destination, row.venue, row.created_at, row.updated_at)
+
+
+def get_policy(db: Database, tenant_id: str) -> Policy | None:
+    """The tenant's policy, or None when none is configured."""
+    with db.reader() as session:
+        row = session.get(DestinationPolicy, tenant_id)
+        return None if row is None else _policy(row)
 
 
 def put_policy(
-    session: Session,
+    db: Database,
     registry: ChainRegistry,
     tenant_id: str,
     destination: Destination,
     venue: str | None,
     *,
     now: datetime | None = None,
-) -> DestinationPolicy:
+) -> Policy:
     """Create or replace the tenant's policy in one statement (safe under concurrent PUTs)."""
     validate_destination(registry, destination)
     if venue is not None and len(venue) > VENUE_MAX:
@@ -62,18 +78,6 @@ def put_policy(
         )
         .returning(DestinationPolicy)
     )
-    policy: DestinationPolicy = session.scalars(
-        statement, execution_options={"populate_existing": True}
-    ).one()
-    return policy
-
-
-def policy_document(policy: DestinationPolicy) -> dict[str, Any]:
-    """The wire form of a policy."""
-    return {
-        "tenantId": policy.tenant_id,
-        "destination": policy_destination(policy).document(),
-        "venue": policy.venue,
-        "createdAt": iso_ms(policy.created_at),
-        "updatedAt": iso_ms(policy.updated_at),
-    }
+    with db.transaction() as session:
+        row = session.scalars(statement, execution_options={"populate_existing": True}).one()
+        return _policy(row)

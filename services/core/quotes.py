@@ -7,13 +7,14 @@ here. Every deposit asset is a USD stablecoin, priced at 1 USD.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from services.core import amounts
 from services.core.chains import Asset, Chain, ChainRegistry
-from services.core.fees import usd
+from services.core.fees import fee_for, usd
 from shared.api import field_error
+from shared.db import Database
 
 #: Every deposit asset is a dollar stablecoin (the chains file only lists those).
 STABLECOIN_USD = Decimal(1)
@@ -45,22 +46,39 @@ def matching_assets(
     return pairs
 
 
-def quote(chain: Chain, asset: Asset, amount: Decimal, fee_usd: Decimal) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Quote:
+    """What a deposit of `amount` of one asset on one chain would net."""
+
+    chain_id: int
+    asset: str
+    token_address: str
+    #: As every answer writes amounts (`amounts.format_amount`).
+    amount: str
+    amount_usd: Decimal
+    settlement_gas_fee_usd: Decimal
+    #: amount_usd - fee, never below 0.
+    net_amount_usd: Decimal
+    min_deposit_usd: Decimal | None
+    #: Below the chain's floor: such a deposit fails as dust.
+    below_minimum: bool
+
+
+def quote(chain: Chain, asset: Asset, amount: Decimal, fee_usd: Decimal) -> Quote:
     """One quote: the amount's USD value, the flat fee, the net and the dust floor."""
     amount_usd = usd(amounts.EXACT.multiply(amount, usd_price(asset)))
-    net = max(Decimal(0), amount_usd - fee_usd)
     floor = chain.min_deposit_usd
-    return {
-        "chainId": chain.chain_id,
-        "asset": asset.symbol,
-        "tokenAddress": asset.token_address,
-        "amount": amounts.format_amount(amount),
-        "amountUsd": float(amount_usd),
-        "settlementGasFeeUsd": float(fee_usd),
-        "netAmountUsd": float(usd(net)),
-        "minDepositUsd": None if floor is None else float(floor),
-        "belowMinimum": floor is not None and amount_usd < floor,
-    }
+    return Quote(
+        chain_id=chain.chain_id,
+        asset=asset.symbol,
+        token_address=asset.token_address,
+        amount=amounts.format_amount(amount),
+        amount_usd=amount_usd,
+        settlement_gas_fee_usd=fee_usd,
+        net_amount_usd=usd(max(Decimal(0), amount_usd - fee_usd)),
+        min_deposit_usd=floor,
+        below_minimum=floor is not None and amount_usd < floor,
+    )
 
 
 def preview(
@@ -70,8 +88,9 @@ def preview(
     amount: Decimal,
     chain_id: int | None = None,
     symbol: str | None = None,
-) -> list[dict[str, Any]]:
-    """Quotes for every active chain and asset matching the filters.
+) -> list[Quote]:
+    """Quotes for every active chain and asset matching the filters (no I/O: the fees
+    come from `fee_of`).
 
     `amount` is already read by `services.core.amounts`. One with more decimals than
     a matching asset has is refused rather than silently rounded: it could never be
@@ -88,3 +107,22 @@ def preview(
             fees[chain.chain_id] = fee_of(chain)
         out.append(quote(chain, asset, amount, fees[chain.chain_id]))
     return out
+
+
+def preview_fees(
+    db: Database,
+    registry: ChainRegistry,
+    *,
+    amount: Decimal,
+    chain_id: int | None = None,
+    symbol: str | None = None,
+) -> list[Quote]:
+    """POST /v1/fee-preview: `preview` with each chain's stored live fee."""
+    with db.reader() as session:
+        return preview(
+            registry,
+            lambda chain: fee_for(session, chain),
+            amount=amount,
+            chain_id=chain_id,
+            symbol=symbol,
+        )

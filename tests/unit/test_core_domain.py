@@ -115,22 +115,22 @@ def _fee(chain: object) -> Decimal:
 
 def test_quotes_net_floor_and_dust(registry: ChainRegistry) -> None:
     (quote,) = quotes.preview(registry, _fee, amount=Decimal("125.5"), chain_id=8453, symbol="usdc")
-    assert quote == {
-        "chainId": 8453,
-        "asset": "USDC",
-        "tokenAddress": USDC_BASE,
-        "amount": "125.50",
-        "amountUsd": 125.5,
-        "settlementGasFeeUsd": 0.5,
-        "netAmountUsd": 125.0,
-        "minDepositUsd": 1.0,
-        "belowMinimum": False,
-    }
+    assert quote == quotes.Quote(
+        chain_id=8453,
+        asset="USDC",
+        token_address=USDC_BASE,
+        amount="125.50",
+        amount_usd=Decimal("125.5"),
+        settlement_gas_fee_usd=Decimal("0.5"),
+        net_amount_usd=Decimal("125.0"),
+        min_deposit_usd=Decimal(1),
+        below_minimum=False,
+    )
     (tiny,) = quotes.preview(registry, _fee, amount=Decimal("0.25"), chain_id=8453, symbol="USDC")
-    assert tiny["netAmountUsd"] == 0 and tiny["belowMinimum"] is True
+    assert tiny.net_amount_usd == 0 and tiny.below_minimum is True
     # Written as the deposit object writes amounts: no leading zeros, no exponent
     (odd,) = quotes.preview(registry, _fee, amount=Decimal("007.0000001"), chain_id=1, symbol="DAI")
-    assert odd["amount"] == "7.0000001"
+    assert odd.amount == "7.0000001"
 
 
 def test_amount_finer_than_the_asset_is_refused(registry: ChainRegistry) -> None:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 import marshmallow as ma
-from flask import Response
 from flask.views import MethodView
 
 from services.core import quotes
-from services.core.api.schemas import ERROR_DESCRIPTIONS, Amount, ChainId, json_response
-from services.core.chains import Chain
+from services.core.api.schemas import ERROR_DESCRIPTIONS, Amount, ChainId
 from services.core.context import core
-from services.core.fees import fee_for
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, Schema
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
@@ -77,19 +73,14 @@ class FeePreview(MethodView):
     @blp.alt_response(409, schema=ErrorSchema, description="idempotency_key_reused")
     @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
     @blp.doc(parameters=[OPENAPI_PARAMETER])
-    def post(self, args: dict[str, Any]) -> Response:
+    def post(self, args: dict[str, Any]) -> dict[str, list[quotes.Quote]]:
         """Quote every active chain and asset matching the filters for an amount."""
         ctx = core()
-        with ctx.db.reader() as session:
-
-            def fee_of(chain: Chain) -> Decimal:
-                return fee_for(session, chain)
-
-            body = quotes.preview(
-                ctx.registry,
-                fee_of,
-                amount=args["amount"],
-                chain_id=args["chain_id"],
-                symbol=args["asset"],
-            )
-        return json_response({"quotes": body})
+        found = quotes.preview_fees(
+            ctx.db,
+            ctx.registry,
+            amount=args["amount"],
+            chain_id=args["chain_id"],
+            symbol=args["asset"],
+        )
+        return {"quotes": found}

@@ -5,18 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import marshmallow as ma
-from flask import Response
 from flask.views import MethodView
 
 from services.core.api.schemas import (
     ERROR_DESCRIPTIONS,
     DestinationSchema,
-    json_response,
     printable,
 )
 from services.core.context import core
 from services.core.destinations import Destination
-from services.core.policy import VENUE_MAX, get_policy, policy_document, put_policy
+from services.core.policy import VENUE_MAX, Policy, get_policy, put_policy
 from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
 from shared.identity import auth
 
@@ -55,21 +53,18 @@ class PolicyEnvelopeSchema(Schema):
     )
 
 
-def _read(tenant_id: str) -> Response:
-    ctx = core()
-    with ctx.db.reader() as session:
-        policy = get_policy(session, tenant_id)
-        body = None if policy is None else policy_document(policy)
-    return json_response({"destinationPolicy": body})
+def _read(tenant_id: str) -> dict[str, Policy | None]:
+    return {"destination_policy": get_policy(core().db, tenant_id)}
 
 
-def _write(tenant_id: str, args: dict[str, Any]) -> Response:
+def _write(tenant_id: str, args: dict[str, Any]) -> dict[str, Policy]:
     ctx = core()
     destination: Destination = args["destination"]
-    with ctx.db.transaction() as session:
-        policy = put_policy(session, ctx.registry, tenant_id, destination, args["venue"])
-        body = policy_document(policy)
-    return json_response({"destinationPolicy": body})
+    return {
+        "destination_policy": put_policy(
+            ctx.db, ctx.registry, tenant_id, destination, args["venue"]
+        )
+    }
 
 
 def _errors(fn: Any) -> Any:
@@ -81,7 +76,7 @@ def _errors(fn: Any) -> Any:
 class DestinationPolicy(MethodView):
     @auth.requires(blp, "destination_policy:read")
     @blp.response(200, PolicyEnvelopeSchema)
-    def get(self) -> Response:
+    def get(self) -> dict[str, Policy | None]:
         """Read the destination policy (null when none is configured)."""
         return _read(auth.current_principal().tenant_id)
 
@@ -89,7 +84,7 @@ class DestinationPolicy(MethodView):
     @blp.arguments(PolicyInSchema)
     @blp.response(200, PolicyEnvelopeSchema)
     @_errors
-    def put(self, args: dict[str, Any]) -> Response:
+    def put(self, args: dict[str, Any]) -> dict[str, Policy]:
         """Create or replace the destination policy.
 
         Accounts created later without a destination copy it; existing accounts keep
@@ -103,7 +98,7 @@ class TenantDestinationPolicy(MethodView):
     @auth.member(blp, "viewer", tenant_arg="tenantId")
     @blp.response(200, PolicyEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[404])
-    def get(self, tenantId: str) -> Response:
+    def get(self, tenantId: str) -> dict[str, Policy | None]:
         """Read the destination policy as a signed-in member (any role)."""
         return _read(auth.current_principal().tenant_id)
 
@@ -112,6 +107,6 @@ class TenantDestinationPolicy(MethodView):
     @blp.response(200, PolicyEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[404])
     @_errors
-    def put(self, args: dict[str, Any], tenantId: str) -> Response:
+    def put(self, args: dict[str, Any], tenantId: str) -> dict[str, Policy]:
         """Create or replace the destination policy as a member (developer or higher)."""
         return _write(auth.current_principal().tenant_id, args)
