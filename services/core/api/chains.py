@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 import marshmallow as ma
 from flask import Response
 from flask.views import MethodView
 
-from services.core.chains import ChainRegistry
+from services.core.chains import Asset, Chain, ChainRegistry
 from services.core.context import core
 from shared.api import Blueprint, Schema
 
@@ -45,29 +45,52 @@ class ChainsSchema(Schema):
     default_settlement_venue = ma.fields.Nested(VenueSchema, required=True)
 
 
-def chains_document(registry: ChainRegistry, fees: dict[int, Decimal]) -> dict[str, Any]:
-    """The body of GET /v1/chains for these fees."""
-    return {
-        "chains": [
-            {
-                "chainId": c.chain_id,
-                "name": c.name,
-                "status": c.status,
-                "assets": [
-                    {"symbol": a.symbol, "tokenAddress": a.token_address, "decimals": a.decimals}
-                    for a in c.assets
-                ],
-                "minDepositUsd": None if c.min_deposit_usd is None else float(c.min_deposit_usd),
-                "settlementGasFeeUsd": float(fees.get(c.chain_id, Decimal(0))),
-                "confirmations": c.confirmations,
-            }
-            for c in registry.chains
-        ],
-        "defaultSettlementVenue": {
-            "chainId": registry.default_venue_chain_id,
-            "asset": registry.default_venue_asset,
-        },
-    }
+@dataclass(frozen=True)
+class ChainListing:
+    """A chain as GET /v1/chains shows it: the chains file's entry and its live fee."""
+
+    chain_id: int
+    name: str
+    status: str
+    assets: tuple[Asset, ...]
+    min_deposit_usd: Decimal | None
+    settlement_gas_fee_usd: Decimal
+    confirmations: int
+
+    @classmethod
+    def of(cls, chain: Chain, fee: Decimal) -> ChainListing:
+        return cls(
+            chain.chain_id,
+            chain.name,
+            chain.status,
+            chain.assets,
+            chain.min_deposit_usd,
+            fee,
+            chain.confirmations,
+        )
+
+
+@dataclass(frozen=True)
+class Venue:
+    chain_id: int
+    asset: str
+
+
+@dataclass(frozen=True)
+class Discovery:
+    chains: list[ChainListing]
+    default_settlement_venue: Venue
+
+
+def list_chains(registry: ChainRegistry, fees: dict[int, Decimal]) -> Discovery:
+    """Every chain of the registry with its live fee (0 where none is stored)."""
+    return Discovery(
+        [ChainListing.of(c, fees.get(c.chain_id, Decimal(0))) for c in registry.chains],
+        Venue(registry.default_venue_chain_id, registry.default_venue_asset),
+    )
+
+
+_CHAINS_SCHEMA = ChainsSchema()
 
 
 class _RenderedChains:
@@ -86,6 +109,9 @@ class Chains(MethodView):
         fees = ctx.fees.get()
         cache: _RenderedChains = ctx.__dict__.setdefault("_chains_render", _RenderedChains())
         if cache.fees is not fees:
-            body = json.dumps(chains_document(ctx.registry, fees), separators=(",", ":"))
+            # Rendered by the schema once per fees object, then served as bytes (this
+            # route's speed goal: docs/PERFORMANCE.md).
+            listing = _CHAINS_SCHEMA.dump(list_chains(ctx.registry, fees))
+            body = json.dumps(listing, separators=(",", ":"))
             cache.body, cache.fees = body.encode(), fees
         return Response(cache.body, mimetype="application/json")
