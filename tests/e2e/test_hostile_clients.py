@@ -185,7 +185,8 @@ def test_settle_dev_survives_nested_json(
     data_dir = tmp_path_factory.mktemp("hostile-dev")
     env = {"SETTLE_DATA_DIR": str(data_dir), "SETTLE_DATABASE_URL": ""}
     dev = procs.start("dev", "dev", "--port", str(port), env=env, wait=False)
-    wait_answering(dev, port, "/v1/status")
+    # Longer than an API: a first start creates the embedded PostgreSQL's cluster.
+    wait_answering(dev, port, "/v1/status", timeout_s=180)
     # When an anonymous client sends nested brackets to sign-in and to a notifier route
     assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_ARRAYS, JSON))
     assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_OBJECTS, JSON))

@@ -199,9 +199,11 @@ def _status(port: int, path: str) -> int:
         conn.close()
 
 
-def wait_answering(process: SettleProcess, port: int, path: str) -> None:
+def wait_answering(
+    process: SettleProcess, port: int, path: str, timeout_s: float = API_READY_TIMEOUT_S
+) -> None:
     """Return once `path` answers on `port` (bounded; fails if the process exits)."""
-    deadline = time.monotonic() + API_READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not process.running:
             raise AssertionError(f"{process.name} exited:\n{process.output()[-3000:]}")
