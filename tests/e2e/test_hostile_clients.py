@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,24 +179,35 @@ def test_double_slashes_are_json_404_never_a_redirect(core_api: Api, notifier_ap
         assert answer.json()["code"] == "not_found"
 
 
-def test_settle_dev_survives_nested_json(
-    procs: SettleProcesses, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+@pytest.fixture
+def dev_data_dir() -> Iterator[Path]:
+    """A data dir the embedded PostgreSQL's own user can reach (as root, pgserver runs
+    it as another user, who cannot enter pytest's private temp folders)."""
+    folder = Path(tempfile.mkdtemp(prefix="settle-hostile-dev-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_settle_dev_survives_nested_json(procs: SettleProcesses, dev_data_dir: Path) -> None:
     # Given `settle dev` (everything in one process, the chain pipeline included)
     port = free_port()
-    data_dir = tmp_path_factory.mktemp("hostile-dev")
-    env = {"SETTLE_DATA_DIR": str(data_dir), "SETTLE_DATABASE_URL": ""}
+    env = {"SETTLE_DATA_DIR": str(dev_data_dir), "SETTLE_DATABASE_URL": ""}
     dev = procs.start("dev", "dev", "--port", str(port), env=env, wait=False)
-    # Longer than an API: a first start creates the embedded PostgreSQL's cluster.
-    wait_answering(dev, port, "/v1/status", timeout_s=180)
-    # When an anonymous client sends nested brackets to sign-in and to a notifier route
-    assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_ARRAYS, JSON))
-    assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_OBJECTS, JSON))
-    answer = request(port, "POST", "/v1/webhook-endpoints", NESTED_ARRAYS, JSON)
-    assert answer.status in (400, 401), answer.body[:300]
-    # Then the process is alive and answers, and `//` is a JSON 404 there too
-    assert dev.running, dev.output()[-3000:]
-    assert request(port, "GET", "/v1/chains").status == 200
-    answer = request(port, "GET", "/v1//chains", headers={"Host": "evil.example"})
-    assert answer.status == 404 and answer.headers.get("Location") is None
-    assert os.path.isdir(data_dir)
+    try:
+        # Longer than an API: a first start creates the embedded PostgreSQL's cluster.
+        wait_answering(dev, port, "/v1/status", timeout_s=180)
+        # When an anonymous client sends nested brackets to sign-in and to a notifier route
+        assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_ARRAYS, JSON))
+        assert_invalid_json(request(port, "POST", "/v1/sessions", NESTED_OBJECTS, JSON))
+        answer = request(port, "POST", "/v1/webhook-endpoints", NESTED_ARRAYS, JSON)
+        assert answer.status in (400, 401), answer.body[:300]
+        # Then the process is alive and answers, and `//` is a JSON 404 there too
+        assert dev.running, dev.output()[-3000:]
+        assert request(port, "GET", "/v1/chains").status == 200
+        answer = request(port, "GET", "/v1//chains", headers={"Host": "evil.example"})
+        assert answer.status == 404 and answer.headers.get("Location") is None
+    finally:
+        dev.stop()  # before its data dir goes
