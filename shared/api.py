@@ -20,7 +20,6 @@ import marshmallow as ma
 import sqlalchemy as sa
 from eth_utils import is_checksum_address, is_hex_address, to_checksum_address
 from flask import Flask, Request, request
-from flask.json.provider import DefaultJSONProvider
 from sqlalchemy.orm import Session
 from webargs.flaskparser import FlaskParser, is_json_request
 
@@ -133,11 +132,18 @@ def read_json_body(data: bytes) -> Any:
         raise InvalidJson("the body is not valid JSON (a number is too long)") from None
 
 
-class JSONProvider(DefaultJSONProvider):
-    """Flask's JSON, with untrusted text read through `shared.safejson` (nesting bounded)."""
+class _RequestJSON:
+    """What `request.get_json()` parses with: `shared.safejson` (shape bounded).
 
-    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
-        return safejson.loads(s)
+    Only requests: responses (our own OpenAPI document holds thousands of objects) are
+    read with Flask's JSON.
+    """
+
+    loads = staticmethod(safejson.loads)
+
+
+class SafeRequest(Request):
+    json_module = _RequestJSON
 
 
 class Blueprint(flask_smorest.Blueprint):
@@ -323,7 +329,7 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     # Werkzeug answers `/v1//chains` with a 308 to `/v1/chains` whose Location is built
     # from the Host header; we answer 404 instead (set before any rule is added).
     app.url_map.merge_slashes = False
-    app.json = JSONProvider(app)
+    app.request_class = SafeRequest
     app.config.setdefault("API_TITLE", title)
     app.config.setdefault("API_VERSION", version)
     app.config.setdefault("OPENAPI_VERSION", "3.0.3")
@@ -338,8 +344,8 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     if app.config.get("MAX_CONTENT_LENGTH") is None:
         # Not setdefault: Flask's default config already holds the key (as None).
         app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.json.sort_keys = False
-    app.json.compact = True
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.compact = True  # type: ignore[attr-defined]
     api = Api(app)
     # apispec maps fields by class; Timestamp derives from Field, so name its type.
     api.register_field(Timestamp, "string", "date-time")

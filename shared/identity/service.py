@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from shared.api import Page, keyset_page
 from shared.db import Database
 from shared.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from shared.identity.models import (
@@ -101,14 +102,11 @@ def create_api_key(
 
 
 def list_api_keys(
-    session: Session, tenant_id: str, *, limit: int, before: str | None = None
-) -> tuple[list[ApiKey], str | None]:
-    """The tenant's keys, revoked ones too, newest first; and the id to continue before."""
+    session: Session, tenant_id: str, *, limit: int, cursor: str | None = None
+) -> Page[ApiKey]:
+    """The tenant's keys, revoked ones too, newest first."""
     query = sa.select(ApiKey).where(ApiKey.tenant_id == tenant_id)
-    if before is not None:
-        query = query.where(ApiKey.id < before)
-    rows = list(session.scalars(query.order_by(ApiKey.id.desc()).limit(limit + 1)))
-    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+    return keyset_page(session, query, ApiKey.id, limit=limit, cursor=cursor)
 
 
 def revoke_api_key(
@@ -198,14 +196,11 @@ def add_member(session: Session, tenant_id: str, email: str, role: str, password
 
 
 def list_members(
-    session: Session, tenant_id: str, *, limit: int, before: str | None = None
-) -> tuple[list[Member], str | None]:
-    """The tenant's members, newest first; and the id to continue before."""
+    session: Session, tenant_id: str, *, limit: int, cursor: str | None = None
+) -> Page[Member]:
+    """The tenant's members, newest first."""
     query = sa.select(Member).where(Member.tenant_id == tenant_id)
-    if before is not None:
-        query = query.where(Member.id < before)
-    rows = list(session.scalars(query.order_by(Member.id.desc()).limit(limit + 1)))
-    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+    return keyset_page(session, query, Member.id, limit=limit, cursor=cursor)
 
 
 def get_member(session: Session, tenant_id: str, member_id: str, *, lock: bool = False) -> Member:

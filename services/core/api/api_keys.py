@@ -8,7 +8,6 @@ import marshmallow as ma
 from flask import Response
 from flask.views import MethodView
 
-from services.core.api.paging import before_cursor, next_cursor
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from services.core.api_keys import revoke_key
 from services.core.context import core
@@ -94,11 +93,11 @@ class ApiKeys(MethodView):
         """List the tenant's API keys, revoked ones too, newest first (never the keys)."""
         tenant_id = auth.current_principal().tenant_id
         with core().db.reader() as session:
-            keys, last = identity.list_api_keys(
-                session, tenant_id, limit=args["limit"], before=before_cursor(args["cursor"])
+            page = identity.list_api_keys(
+                session, tenant_id, limit=args["limit"], cursor=args["cursor"]
             )
-            items = [key_document(k) for k in keys]
-        return json_response({"apiKeys": items, "nextCursor": next_cursor(last)})
+            items = [key_document(k) for k in page.items]
+        return json_response({"apiKeys": items, "nextCursor": page.next_cursor})
 
     @auth.requires(blp, SCOPE)
     @idempotent(IdempotencyRecord)

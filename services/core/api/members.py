@@ -8,7 +8,6 @@ import marshmallow as ma
 from flask import Response
 from flask.views import MethodView
 
-from services.core.api.paging import before_cursor, next_cursor
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from services.core.api.sessions import PASSWORD_MAX, unicode_text
 from services.core.models import IdempotencyRecord
@@ -90,11 +89,11 @@ class Members(MethodView):
         """List the tenant's members, newest first."""
         tenant_id = auth.current_principal().tenant_id
         with auth.identity_db().reader() as session:
-            members, last = identity.list_members(
-                session, tenant_id, limit=args["limit"], before=before_cursor(args["cursor"])
+            page = identity.list_members(
+                session, tenant_id, limit=args["limit"], cursor=args["cursor"]
             )
-            items = [member_document(m) for m in members]
-        return json_response({"members": items, "nextCursor": next_cursor(last)})
+            items = [member_document(m) for m in page.items]
+        return json_response({"members": items, "nextCursor": page.next_cursor})
 
     @auth.requires(blp, SCOPE)
     @idempotent(IdempotencyRecord)
