@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
@@ -43,7 +43,6 @@ from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import net_usd
 from services.core.deposits.serialize import deposit_document
 from services.core.deposits.store import DepositStore
-from services.core.evm import TransferLog, checksum
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
 from shared.db import Database, database_of, execute_many, is_unique_violation
@@ -62,6 +61,17 @@ REVIEW_SOURCE_REORGED = "source_reorged"
 INSERT_CHUNK = 500
 
 _DEPOSITS: sa.Table = Deposit.__table__  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from services.core.evm import TransferLog
+
+
+def checksum(address: str) -> str:
+    """evm.checksum, imported when first used: evm imports web3, which the API
+    processes (they import this module for sandbox deposits) must not load."""
+    from services.core.evm import checksum as evm_checksum
+
+    return evm_checksum(address)
 
 
 def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:
