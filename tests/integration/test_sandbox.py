@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from services import cli
 from services.core.app import create_app
 from services.core.context import CoreContext
-from services.core.deposits import commands
+from services.core.deposits import cli as deposits_cli
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.worker import Pipeline
@@ -230,7 +230,7 @@ def test_manual_review_then_ops_credit_days_later_emits_credited_once(
     ).ops
     tx = "0x" + "ab" * 32
     args = argparse.Namespace(deposit_id=deposit_id, tx=tx, by="alice", reason="checked by hand")
-    assert commands.credit(args, ops=ops) == 0
+    assert deposits_cli.credit(args, ops=ops) == 0
     # Then the late transition is delivered as its durable event, once
     final = client.get(f"/v1/deposits/{deposit_id}", headers=sandbox_tenant.headers).get_json()
     assert final["deposit"]["status"] == "credited"
