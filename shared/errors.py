@@ -69,10 +69,6 @@ class NotFound(ApiError):
     status, code = 404, "not_found"
 
 
-class MethodNotAllowed(ApiError):
-    status, code = 405, "method_not_allowed"
-
-
 class Conflict(ApiError):
     status, code = 409, "conflict"
 
@@ -95,10 +91,6 @@ class UnsupportedMediaType(ApiError):
 
 class DestinationPolicyMissing(ApiError):
     status, code = 422, "destination_policy_missing"
-
-
-class Unprocessable(ApiError):
-    status, code = 422, "unprocessable"
 
 
 class RateLimited(ApiError):

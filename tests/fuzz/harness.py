@@ -54,7 +54,7 @@ def max_examples(default: int) -> int:
 
 
 #: Error codes each status may carry (DESIGN.md "Errors", plus the generic codes of
-#: shared/errors.py: conflict, unprocessable, unsupported_media_type, service_unavailable).
+#: shared/errors.py: conflict, unsupported_media_type, service_unavailable).
 CODES_BY_STATUS: dict[int, frozenset[str]] = {
     400: frozenset({"invalid_json", "invalid_request", "unsupported_chain"}),
     401: frozenset({"unauthorized"}),
@@ -64,7 +64,7 @@ CODES_BY_STATUS: dict[int, frozenset[str]] = {
     409: frozenset({"account_exists", "idempotency_key_reused", "conflict"}),
     413: frozenset({"payload_too_large"}),
     415: frozenset({"unsupported_media_type"}),
-    422: frozenset({"destination_policy_missing", "unprocessable"}),
+    422: frozenset({"destination_policy_missing"}),
     429: frozenset({"rate_limited"}),
     500: frozenset({"internal_error"}),
     503: frozenset({"service_unavailable"}),
