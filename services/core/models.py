@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from shared import events
 from shared.db import BigIntPK, JSONType, UTCDateTime
 from shared.idempotency import IdempotencyRecordMixin
 from shared.timefmt import utcnow
@@ -87,8 +88,31 @@ class DepositAddress(CoreBase):
     account: Mapped[DepositAccount] = relationship(back_populates="addresses")
 
 
+#: The events of a deposit's status changes; each carries the deposit as `data.deposit`.
+DEPOSIT_STATUS_EVENT_TYPES: tuple[str, ...] = (
+    events.DEPOSIT_SOURCE_SEEN,
+    events.DEPOSIT_SOURCE_CONFIRMED,
+    events.DEPOSIT_CREDIT_SUBMITTED,
+    events.DEPOSIT_CREDITED,
+    events.DEPOSIT_FAILED,
+    events.DEPOSIT_MANUAL_REVIEW_REQUIRED,
+)
+#: SQL of the deposit a status event is about, and of "is a deposit status event". The
+#: index below and the timeline's query (deposits/queries.py) use these same texts:
+#: PostgreSQL uses a partial expression index only for a query spelling the same
+#: expression and predicate with literals (a bind parameter would not match).
+DEPOSIT_ID_OF_EVENT = "(body::jsonb #>> '{data,deposit,id}'::text[])"
+IS_DEPOSIT_STATUS_EVENT = "event_type IN ({})".format(
+    ", ".join(f"'{t}'" for t in DEPOSIT_STATUS_EVENT_TYPES)
+)
+
+
 class OutboxEvent(CoreBase):
-    """A domain event written in the same transaction as the change that caused it."""
+    """A domain event written in the same transaction as the change that caused it.
+
+    Rows are kept after publishing: a deposit's status events are its recorded
+    timeline (`GET /v1/deposits/{id}/timeline` reads them by `ix_outbox_deposit_id`).
+    """
 
     __tablename__ = "outbox"
     __table_args__ = (
@@ -96,6 +120,11 @@ class OutboxEvent(CoreBase):
             "ix_outbox_unpublished",
             "id",
             postgresql_where=sa.text("published_at IS NULL"),
+        ),
+        sa.Index(
+            "ix_outbox_deposit_id",
+            sa.text(DEPOSIT_ID_OF_EVENT),
+            postgresql_where=sa.text(IS_DEPOSIT_STATUS_EVENT),
         ),
     )
 

@@ -148,6 +148,13 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "GET", "/v1/deposits/<string:depositId>"): Route(
         "tenant", "/v1/deposits/{deposit}", "deposits:read", "viewer", isolation="not_found"
     ),
+    (CORE, "GET", "/v1/deposits/<string:depositId>/timeline"): Route(
+        "tenant",
+        "/v1/deposits/{deposit}/timeline",
+        "deposits:read",
+        "viewer",
+        isolation="not_found",
+    ),
     (CORE, "POST", "/v1/sandbox/deposits"): Route(
         "tenant",
         "/v1/sandbox/deposits",

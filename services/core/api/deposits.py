@@ -1,4 +1,5 @@
-"""Deposits: list and read the tenant's deposits (the same object deposit events carry)."""
+"""Deposits: list and read the tenant's deposits (the same object deposit events carry),
+and one deposit's timeline."""
 
 from __future__ import annotations
 
@@ -28,6 +29,31 @@ class DepositListSchema(Schema):
         required=True,
         allow_none=True,
         metadata={"description": "Pass as `cursor` for the next page; null on the last page."},
+    )
+
+
+class TransitionSchema(Schema):
+    status = ma.fields.String(
+        required=True,
+        metadata={"enum": list(states.STATUSES), "description": "The status the deposit took."},
+    )
+    at = Timestamp(required=True, metadata={"description": "When (the event's `createdAt`)."})
+    event_id = ma.fields.String(
+        required=True,
+        metadata={
+            "description": "The event that recorded it (deliveries: "
+            "`GET /v1/webhook-deliveries?eventId=...`).",
+            "example": "evt_dep_dep_01JD3Y9X8M2K4Q7R5T6V8W0Z1A_credited",
+        },
+    )
+    event_type = ma.fields.String(required=True, metadata={"example": "deposit.credited"})
+
+
+class TimelineSchema(Schema):
+    timeline = ma.fields.List(
+        ma.fields.Nested(TransitionSchema),
+        required=True,
+        metadata={"description": "Oldest first."},
     )
 
 
@@ -74,3 +100,19 @@ class Deposit(MethodView):
         """Read one deposit."""
         deposit = DepositQueries(core().db).get(auth.current_principal().tenant_id, depositId)
         return {"deposit": deposit}
+
+
+@blp.route("/deposits/<string:depositId>/timeline")
+class DepositTimeline(MethodView):
+    @auth.requires(blp, "deposits:read")
+    @blp.response(200, TimelineSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="not_found (also another tenant's)")
+    def get(self, depositId: str) -> dict[str, Any]:
+        """Each status the deposit went through, with its time and the event that told it.
+
+        Read from the deposit's recorded events, oldest first: a status taken days later
+        (a manual credit) shows its own time, and best-effort statuses
+        (`credit_submitted`, `manual_review_required`) are there with their event ids.
+        """
+        steps = DepositQueries(core().db).timeline(auth.current_principal().tenant_id, depositId)
+        return {"timeline": steps}
