@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import requests
 from shared.db import Database
 from shared.identity import service as identity
 from tests.conftest import PASSWORD
-from tests.support.processes import ROOT, SettleProcesses
+from tests.support.processes import ROOT, SettleProcesses, settle_argv
 from tests.support.receiver import Receiver
 from tests.support.services import create_database, drop_database
 
@@ -72,6 +73,8 @@ class Portal:
     api_key: str
     db: Database
     emails: dict[str, str]
+    #: The environment of the running `settle dev` (ops commands run with it).
+    env: dict[str, str]
 
     @property
     def headers(self) -> dict[str, str]:
@@ -84,6 +87,20 @@ class Portal:
         )
         assert response.ok, (method, path, response.status_code, response.text)
         return response.json() if response.content else None
+
+    def settle(self, *args: str) -> str:
+        """A `settle` command (ops: `deposits credit ...`) on this Settle's database."""
+        ran = subprocess.run(
+            settle_argv(*args),
+            env={**os.environ, **self.env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert ran.returncode == 0, (args, ran.stdout[-2000:], ran.stderr[-2000:])
+        return ran.stdout
 
     def wait_for(self, method: str, path: str, done: Any, timeout: float = 30.0) -> Any:
         """Poll until `done(body)`; the last body."""
@@ -138,7 +155,7 @@ def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Portal]:
         with db.transaction() as session:
             for role, email in emails.items():
                 identity.add_member(session, tenant.group(1), email, role, PASSWORD)
-        yield Portal(base, tenant.group(1), key.group(1), db, emails)
+        yield Portal(base, tenant.group(1), key.group(1), db, emails, env)
         db.dispose()
     finally:
         group.stop_all()

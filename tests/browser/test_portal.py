@@ -215,8 +215,20 @@ def test_disable_enable_and_delete_an_endpoint(
 # -- deposits -----------------------------------------------------------------------
 
 
-def test_a_sandbox_deposit_appears_with_its_timeline(page: Any, portal: Portal) -> None:
-    # Given an account and a sandbox deposit to it (made through the API), credited
+def test_a_sandbox_deposit_appears_with_its_timeline(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint for every deposit event, an account, and a sandbox deposit to it
+    # (made through the API) that goes to manual review and is credited by hand (ops)
+    types = [
+        "deposit.source_seen",
+        "deposit.source_confirmed",
+        "deposit.credit_submitted",
+        "deposit.credited",
+        "deposit.failed",
+        "deposit.manual_review_required",
+    ]
+    make_endpoint(portal, receiver.url("/deposits"), types)
     user = f"user-{uuid.uuid4().hex[:8]}"
     destination = {
         "chainId": 8453,
@@ -230,10 +242,23 @@ def test_a_sandbox_deposit_appears_with_its_timeline(page: Any, portal: Portal) 
     deposit = portal.call(
         "POST",
         "/v1/sandbox/deposits",
-        {"depositAddress": address["address"], "chainId": 137, "asset": "USDC", "amount": "125.50"},
+        {
+            "depositAddress": address["address"],
+            "chainId": 137,
+            "asset": "USDC",
+            "amount": "125.50",
+            "outcome": "manual_review",
+        },
     )["deposit"]
+    path = f"/v1/deposits/{deposit['id']}"
+    portal.wait_for("GET", path, lambda b: b["deposit"]["status"] == "manual_review_required")
+    portal.settle("deposits", "credit", deposit["id"], "--tx", "0x" + "cd" * 32, "--by", "ops")
+    recorded = portal.wait_for("GET", f"{path}/timeline", lambda b: len(b["timeline"]) == 4)
+    steps_made = recorded["timeline"]
     portal.wait_for(
-        "GET", f"/v1/deposits/{deposit['id']}", lambda b: b["deposit"]["status"] == "credited"
+        "GET",
+        f"/v1/webhook-deliveries?eventId={steps_made[2]['eventId']}",
+        lambda b: [d["status"] for d in b["webhookDeliveries"]] == ["succeeded"],
     )
     # When a viewer searches the deposits by the external user id
     sign_in(page, portal, "viewer")
@@ -244,15 +269,29 @@ def test_a_sandbox_deposit_appears_with_its_timeline(page: Any, portal: Portal) 
     row.wait_for()
     assert "credited" in row.inner_text()
     screenshot(page, "deposits")
-    # Then the deposit's page shows its timeline, each status with its time
+    # Then the deposit's page shows its timeline as recorded: each status (the review
+    # it passed through too) with its event's time, UTC on hover
     page.get_by_role("link", name=deposit["id"]).click()
     timeline = page.get_by_role("list", name="Timeline")
     timeline.wait_for()
     steps = timeline.get_by_role("listitem")
     texts = steps.all_inner_texts()
-    assert [t.split()[0] for t in texts] == ["source_seen", "source_confirmed", "credited"], texts
-    for i in range(steps.count()):
-        assert steps.nth(i).locator("time").get_attribute("title").endswith("UTC")
+    assert [t.split()[0] for t in texts] == [
+        "source_seen",
+        "source_confirmed",
+        "manual_review_required",
+        "credited",
+    ], texts
+    for i, step in enumerate(steps_made):
+        shown = steps.nth(i)
+        utc = step["at"].replace("T", " ").replace("Z", " UTC")
+        assert shown.locator("time").get_attribute("title") == utc
+        assert step["eventId"] in shown.inner_text()
+    # And the deliveries its events caused, the review's (a fresh event id) included
+    caused = page.get_by_role("table", name="Deliveries of this deposit's events")
+    caused.get_by_role("row").filter(has_text="deposit.manual_review_required").wait_for()
+    for step in steps_made:
+        assert step["eventType"] in caused.inner_text()
     screenshot(page, "deposit")
     # And the account page lists its addresses
     page.get_by_role("link", name=user).first.click()

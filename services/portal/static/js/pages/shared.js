@@ -10,7 +10,6 @@ export const DEPOSIT_STATUSES = [
   "failed",
   "manual_review_required",
 ];
-export const DURABLE = ["source_seen", "source_confirmed", "credited", "failed"];
 export const DELIVERY_STATUSES = ["pending", "retrying", "succeeded", "failed"];
 
 let chains = null;
@@ -53,9 +52,4 @@ export async function allEndpoints() {
     if (!cursor) break;
   }
   return out;
-}
-
-/** The durable event id of a deposit's status (interface: evt_dep_<id>_<status>). */
-export function durableEventId(depositId, status) {
-  return `evt_dep_${depositId}_${status}`;
 }
