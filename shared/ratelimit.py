@@ -100,6 +100,44 @@ class Decision:
 Hit = tuple[str, float, int]
 
 
+@dataclass(frozen=True)
+class Throttle:
+    """A failure counter: after `free` failures each attempt waits longer than the last.
+
+    The wait after the (free + k)th failure is `first_s` x 2^k, at most `cap_s`, counted
+    from the last failure. Failures are forgotten `ttl_s` after the last one. A counter
+    whose `unless` key exists (a mark `remember` made) is skipped.
+    """
+
+    key: str
+    free: int
+    first_s: float
+    cap_s: float
+    ttl_s: float
+    unless: str | None = None
+
+    def wait_s(self, failures: int, since_last_s: float) -> float:
+        """How long an attempt must still wait, `since_last_s` after the last failure."""
+        if failures < max(self.free, 1):
+            return 0.0
+        # min() before the power: 2^k overflows a float for k past ~1000.
+        delay = min(self.first_s * 2.0 ** min(failures - self.free, 64), self.cap_s)
+        return max(0.0, delay - since_last_s)
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What `Store.charge` decided: counted (wait 0) or refused with a wait."""
+
+    wait_s: float
+    #: The counters that counted the attempt (those that applied), empty when refused.
+    charged: tuple[str, ...]
+
+    @property
+    def allowed(self) -> bool:
+        return self.wait_s <= 0
+
+
 class Store(Protocol):
     """Where buckets live. `rate` per second, `burst` at once; `key` names the bucket."""
 
@@ -107,6 +145,27 @@ class Store(Protocol):
 
     def hit_all(self, hits: Sequence[Hit]) -> list[Decision]:
         """Several buckets at once (for Redis: one round trip); each is charged."""
+        ...
+
+    def charge(self, throttles: Sequence[Throttle]) -> Charge:
+        """One attempt against each failure counter, if none of them makes it wait.
+
+        Atomic: either every counter that applies counts the attempt (as a failure
+        until `refund` says otherwise) or none does and the answer says how long to
+        wait. A counter whose `unless` key exists does not apply.
+        """
+        ...
+
+    def refund(self, keys: Sequence[str]) -> None:
+        """Take back one counted attempt from each counter (it did not fail)."""
+        ...
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """Drop these counters and marks."""
+        ...
+
+    def remember(self, key: str, ttl_s: float) -> None:
+        """A mark that exists for `ttl_s` (what a counter's `unless` names)."""
         ...
 
 
@@ -134,6 +193,10 @@ class MemoryStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._tat: dict[str, float] = {}
+        #: Failure counters: key -> (failures, last failure, forgotten at).
+        self._failures: dict[str, tuple[int, float, float]] = {}
+        #: Marks: key -> when it lapses.
+        self._marks: dict[str, float] = {}
         self._lock = threading.Lock()
         self._checks = 0
 
@@ -154,6 +217,54 @@ class MemoryStore:
 
     def hit_all(self, hits: Sequence[Hit]) -> list[Decision]:
         return [self.hit(key, rate, burst) for key, rate, burst in hits]
+
+    def charge(self, throttles: Sequence[Throttle]) -> Charge:
+        with self._lock:
+            now = self._clock()
+            self._sweep_failures(now)
+            applying = [
+                t for t in throttles if t.unless is None or self._marks.get(t.unless, 0) <= now
+            ]
+            counts = {t.key: self._count(t.key, now) for t in applying}
+            wait = max(
+                (t.wait_s(counts[t.key][0], now - counts[t.key][1]) for t in applying),
+                default=0.0,
+            )
+            if wait > 0:
+                return Charge(wait, ())
+            for t in applying:
+                self._failures[t.key] = (counts[t.key][0] + 1, now, now + t.ttl_s)
+            return Charge(0.0, tuple(t.key for t in applying))
+
+    def refund(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                found = self._failures.get(key)
+                if found is not None:
+                    self._failures[key] = (max(0, found[0] - 1), found[1], found[2])
+
+    def forget(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._failures.pop(key, None)
+                self._marks.pop(key, None)
+
+    def remember(self, key: str, ttl_s: float) -> None:
+        with self._lock:
+            self._marks[key] = self._clock() + ttl_s
+
+    def _count(self, key: str, now: float) -> tuple[int, float]:
+        """(failures, last failure) of a live counter; (0, now) for none or a lapsed one."""
+        found = self._failures.get(key)
+        if found is None or found[2] <= now:
+            return 0, now
+        return found[0], found[1]
+
+    def _sweep_failures(self, now: float) -> None:
+        self._checks += 1
+        if self._checks % _SWEEP_EVERY == 0:
+            self._failures = {k: v for k, v in self._failures.items() if v[2] > now}
+            self._marks = {k: v for k, v in self._marks.items() if v > now}
 
 
 #: GCRA in one atomic step, on Redis's clock (microseconds), for each bucket in KEYS;
@@ -185,6 +296,51 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
+"""
+
+
+#: Store.charge in one atomic step, on Redis's clock (microseconds). KEYS: the failure
+#: counters (hashes: n failures, t last failure); ARGV per counter: free, first wait and
+#: cap (microseconds), time to live (milliseconds), the key whose existence skips it
+#: ('' for none). Returns {wait} when refused, or {0, indexes of the counters charged}.
+_CHARGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local wait = 0
+local applying = {}
+for i, key in ipairs(KEYS) do
+  local unless = ARGV[5 * i]
+  if unless == '' or redis.call('EXISTS', unless) == 0 then
+    applying[#applying + 1] = i
+    local free = tonumber(ARGV[5 * i - 4])
+    local n = tonumber(redis.call('HGET', key, 'n') or '0')
+    if n >= free and n > 0 then
+      local last = tonumber(redis.call('HGET', key, 't') or now)
+      local delay = math.min(tonumber(ARGV[5 * i - 3]) * 2 ^ math.min(n - free, 64),
+                             tonumber(ARGV[5 * i - 2]))
+      if last + delay - now > wait then wait = last + delay - now end
+    end
+  end
+end
+if wait > 0 then return {math.ceil(wait)} end
+local out = {0}
+for _, i in ipairs(applying) do
+  redis.call('HINCRBY', KEYS[i], 'n', 1)
+  redis.call('HSET', KEYS[i], 't', string.format('%.0f', now))
+  redis.call('PEXPIRE', KEYS[i], ARGV[5 * i - 1])
+  out[#out + 1] = i
+end
+return out
+"""
+
+#: Store.refund: one failure fewer on each counter in KEYS that still exists.
+_REFUND = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 and redis.call('HINCRBY', key, 'n', -1) < 0 then
+    redis.call('HSET', key, 'n', 0)
+  end
+end
+return 0
 """
 
 
@@ -236,6 +392,8 @@ class RedisStore:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._script = self._redis.register_script(_GCRA)
+        self._charge = self._redis.register_script(_CHARGE)
+        self._refund = self._redis.register_script(_REFUND)
         self._fallback = fallback or MemoryStore()
         self._prefix = prefix
         self._retry_s = retry_s
@@ -274,6 +432,50 @@ class RedisStore:
                 taken, wait, full_in = answer[3 * n : 3 * n + 3]
                 decisions[i] = self._taken(hits[i], shapes[i], taken, wait / 1e6, full_in / 1e6)
         return [d for d in decisions if d is not None]
+
+    def charge(self, throttles: Sequence[Throttle]) -> Charge:
+        if not self._up():
+            return self._fallback.charge(throttles)
+        args: list[object] = []
+        for t in throttles:
+            unless = self._prefix + t.unless if t.unless else ""
+            args += [t.free, t.first_s * 1e6, t.cap_s * 1e6, math.ceil(t.ttl_s * 1000), unless]
+        try:
+            answer = self._charge(keys=[self._prefix + t.key for t in throttles], args=args)
+        except redis.RedisError as err:
+            self._went_down(err)
+            return self._fallback.charge(throttles)
+        if answer[0]:
+            return Charge(answer[0] / 1e6, ())
+        return Charge(0.0, tuple(throttles[i - 1].key for i in answer[1:]))
+
+    def refund(self, keys: Sequence[str]) -> None:
+        self._run(lambda: self._refund(keys=[self._prefix + k for k in keys]), "refund", keys)
+
+    def forget(self, keys: Sequence[str]) -> None:
+        self._run(lambda: self._redis.delete(*[self._prefix + k for k in keys]), "forget", keys)
+
+    def remember(self, key: str, ttl_s: float) -> None:
+        self._run(
+            lambda: self._redis.set(self._prefix + key, 1, px=math.ceil(ttl_s * 1000)),
+            "remember",
+            key,
+            ttl_s,
+        )
+
+    def _up(self) -> bool:
+        """Whether Redis is to be asked (not within REDIS_RETRY_S of a failure)."""
+        return self._clock() >= self._down_until
+
+    def _run(self, call: Callable[[], object], fallback: str, *args: object) -> None:
+        """`call` on Redis, or the same method of the fallback while Redis is down."""
+        if self._up():
+            try:
+                call()
+                return
+            except redis.RedisError as err:
+                self._went_down(err)
+        getattr(self._fallback, fallback)(*args)
 
     def _from_lease(self, key: str, now: float) -> Decision | None:
         """This request's decision from what this process holds for `key`, or None."""

@@ -8,6 +8,7 @@ from services.core.config import CoreConfig
 from services.core.context import EXTENSION, CoreContext
 from shared import idempotency, ratelimit
 from shared.api import make_api
+from shared.identity import signin_guard
 from shared.identity.auth import IDENTITY_DB
 from shared.metrics import metrics_blueprint
 
@@ -68,4 +69,5 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
 
     app.register_blueprint(metrics_blueprint(api_metrics_registry(context.db)))
     ratelimit.install(app, context.config.rate_limits)
+    signin_guard.install(app, context.config.signin, ratelimit.store(app))
     return app

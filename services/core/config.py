@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core.deposits.settings import PipelineSettings
+from shared.identity.signin_guard import SIGNIN_THROTTLE_OFF, SignInLimits
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     DEV_SECRET_KEY,
@@ -63,6 +64,8 @@ class CoreConfig:
     db_pool_size: int = 10
     #: Per-key and per-IP request limits (from_env: on; built in code: off).
     rate_limits: RateLimitConfig = RATE_LIMITS_OFF
+    #: Sign-in failure counters and the bound on password checks (from_env: counting on).
+    signin: SignInLimits = SIGNIN_THROTTLE_OFF
     #: The deposit pipeline's knobs (docs/DEPOSITS.md, "Settings").
     deposits: PipelineSettings = field(default_factory=PipelineSettings)
     #: The base URL people open Settle at (portal links); None: the request's own.
@@ -103,6 +106,7 @@ class CoreConfig:
             chains_cache_s=env_float(env, "SETTLE_CHAINS_CACHE_S", 1.0),
             address_backfill_interval_s=_positive(env, "SETTLE_ADDRESS_BACKFILL_INTERVAL_S", 300.0),
             rate_limits=RateLimitConfig.from_env(env),
+            signin=SignInLimits.from_env(env),
             deposits=PipelineSettings.from_env(env),
             public_url=_public_url(env),
             secret_key=env_secret_key(env, mode),

@@ -19,7 +19,14 @@ from flask.testing import FlaskClient
 
 from services.core.app import create_app
 from services.core.context import CoreContext
-from shared.ratelimit import MemoryStore, RateLimitConfig, RedisStore, current_store
+from shared.ratelimit import (
+    REDIS_TIMEOUT_S,
+    MemoryStore,
+    RateLimitConfig,
+    RedisStore,
+    Throttle,
+    current_store,
+)
 from tests.conftest import TenantKeys
 from tests.support.services import require_service
 
@@ -204,3 +211,74 @@ def test_small_bursts_are_exact(prefix: str) -> None:
     a, b = RedisStore(REDIS_URL, prefix=prefix), RedisStore(REDIS_URL, prefix=prefix)
     allowed = sum((a if n % 2 else b).hit("ip:signin", 1 / 600, 39).allowed for n in range(60))
     assert allowed == 39
+
+
+def _throttle(key: str, free: int = 2, unless: str | None = None) -> Throttle:
+    return Throttle(key, free, first_s=1.0, cap_s=900.0, ttl_s=60.0, unless=unless)
+
+
+def test_sign_in_failure_counters_are_shared_and_wait_on_redis_time(prefix: str) -> None:
+    # Given two API processes counting one address's failures in the same Redis
+    a, b = RedisStore(REDIS_URL, prefix=prefix), RedisStore(REDIS_URL, prefix=prefix)
+    t = _throttle("signin:client:x")
+    # When they take turns, the free failures are spent once between them
+    assert a.charge([t]).charged == ("signin:client:x",)
+    assert b.charge([t]).allowed
+    refused = a.charge([t])
+    assert not refused.allowed and 0.9 < refused.wait_s <= 1.0
+    assert not b.charge([t]).allowed
+    # Then after the wait one more is counted, and the next waits twice as long
+    time.sleep(refused.wait_s + 0.02)
+    assert b.charge([t]).allowed
+    assert 1.9 < a.charge([t]).wait_s <= 2.0
+    # A refund takes one back and forget clears the counter; both expire in Redis
+    client = redis.Redis.from_url(REDIS_URL)
+    assert 0 < client.pttl(prefix + "signin:client:x") <= 60_000
+    a.refund(["signin:client:x", "signin:client:never-charged"])
+    assert client.hget(prefix + "signin:client:x", "n") == b"2"
+    assert not client.exists(prefix + "signin:client:never-charged")
+    b.forget(["signin:client:x"])
+    assert a.charge([t]).allowed and a.charge([t]).allowed
+    client.close()
+
+
+def test_a_burst_of_sign_ins_is_charged_atomically(prefix: str) -> None:
+    # Given 8 threads at once on one counter with 3 free failures
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    t = _throttle("signin:pair:p", free=3)
+    go = threading.Barrier(8)
+    answers: list[bool] = []
+
+    def attempt() -> None:
+        go.wait()
+        answers.append(store.charge([t]).allowed)
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    # Then exactly 3 are let through, as if they had come one by one
+    assert sorted(answers) == [False] * 5 + [True] * 3
+
+
+def test_a_known_address_skips_the_account_counter_in_redis(prefix: str) -> None:
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    account = _throttle("signin:account:a", free=1, unless="signin:known:a:home")
+    assert store.charge([account]).allowed
+    assert not store.charge([account]).allowed
+    store.remember("signin:known:a:home", 30.0)
+    assert store.charge([account]).charged == ()
+
+
+def test_sign_in_counters_fall_back_to_this_process_while_redis_is_down(prefix: str) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{dead_port()}/0", prefix=prefix, retry_s=60)
+    t = _throttle("signin:client:y", free=1)
+    started = time.monotonic()
+    assert store.charge([t]).allowed
+    assert not store.charge([t]).allowed
+    store.refund(["signin:client:y"])
+    assert store.charge([t]).allowed
+    store.remember("m", 1.0)
+    store.forget(["signin:client:y"])
+    assert time.monotonic() - started < 2 * REDIS_TIMEOUT_S + 0.5

@@ -5,7 +5,8 @@ from __future__ import annotations
 from flask import Flask
 
 from shared.errors import register_error_handlers
-from shared.ratelimit import MemoryStore, RateLimitConfig, install
+from shared.identity.signin_guard import client_key
+from shared.ratelimit import Charge, MemoryStore, RateLimitConfig, Throttle, install
 
 
 class Clock:
@@ -82,3 +83,86 @@ def test_zero_turns_limits_off() -> None:
     app = make_app(RateLimitConfig(per_key_rate=0, per_ip_rate=0))
     client = app.test_client()
     assert all(client.get("/x").status_code == 200 for _ in range(50))
+
+
+def throttle(key: str = "k", **shape: object) -> Throttle:
+    values: dict[str, object] = {"free": 2, "first_s": 1.0, "cap_s": 8.0, "ttl_s": 100.0}
+    values.update(shape)
+    return Throttle(key, **values)  # type: ignore[arg-type]
+
+
+def test_failure_waits_double_up_to_the_cap() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    t = throttle()
+    # Given two free failures, at once
+    assert store.charge([t]).charged == ("k",) and store.charge([t]).allowed
+    # Then each further attempt waits 1, 2, 4, 8, 8 s after the last failure
+    waits = []
+    for _ in range(5):
+        refused = store.charge([t])
+        assert not refused.allowed and refused.charged == ()
+        waits.append(refused.wait_s)
+        clock.now += refused.wait_s
+        assert store.charge([t]).allowed
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def test_a_refund_takes_one_failure_back_and_forget_clears() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    t = throttle()
+    store.charge([t])
+    store.charge([t])
+    store.refund(["k"])
+    assert store.charge([t]).allowed  # one back: still free
+    assert not store.charge([t]).allowed
+    store.forget(["k"])
+    assert store.charge([t]).allowed and store.charge([t]).allowed
+
+
+def test_failures_are_forgotten_after_their_time_to_live() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    t = throttle(ttl_s=10.0, cap_s=1000.0)
+    for _ in range(2):
+        store.charge([t])
+    assert not store.charge([t]).allowed
+    clock.now += 10.0
+    assert store.charge([t]).allowed and store.charge([t]).allowed
+
+
+def test_a_mark_skips_its_counter_and_a_refusal_charges_nothing() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    strict, lenient = throttle("strict", free=1), throttle("lenient", free=3)
+    # Given a counter that makes the attempt wait, the other is not charged either
+    assert store.charge([strict, lenient]).charged == ("strict", "lenient")
+    assert not store.charge([strict, lenient]).allowed
+    assert store.charge([lenient]).allowed and store.charge([lenient]).allowed  # 2 and 3
+    assert not store.charge([lenient]).allowed
+    # When a counter's mark exists, it is skipped (neither checked nor charged)
+    gated = throttle("gated", free=1, unless="known")
+    store.charge([gated])
+    assert not store.charge([gated]).allowed
+    store.remember("known", 5.0)
+    assert store.charge([gated]) == Charge(0.0, ())
+    # And once the mark lapses the counter applies again (its 1 s wait is over by then)
+    clock.now += 5.0
+    assert store.charge([gated]).charged == ("gated",)
+    assert store.charge([gated]).wait_s == 2.0
+
+
+def test_a_huge_failure_count_still_waits_the_cap() -> None:
+    t = throttle(cap_s=60.0)
+    assert t.wait_s(10_000, 0.0) == 60.0
+    assert t.wait_s(1, 0.0) == 0.0
+    assert t.wait_s(3, 1.5) == 0.5
+
+
+def test_sign_in_counts_an_ipv6_client_by_its_64() -> None:
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:ffff::9")
+    assert client_key("2001:db8:1:2::1") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
+    assert client_key("::ffff:198.51.100.7") == "198.51.100.7" == client_key("198.51.100.7")
+    assert client_key("unknown") == "unknown"

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import marshmallow as ma
-from flask import Response
+from flask import Response, request
 from flask.views import MethodView
 
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from services.core.context import core
 from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
 from shared.errors import Unauthorized
-from shared.identity import auth, portal_links, service
+from shared.identity import auth, portal_links, service, signin_guard
 from shared.identity.models import ROLES, Member, PortalSession
 from shared.timefmt import iso_ms
 
@@ -106,11 +106,31 @@ class Sessions(MethodView):
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
     @blp.alt_response(401, schema=ErrorSchema, description="unauthorized: wrong email or password")
     @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    @blp.alt_response(
+        429,
+        schema=ErrorSchema,
+        description="rate_limited: too many failed sign-ins from this address or for this "
+        "account; Retry-After says when to try again (the wait doubles with each failure)",
+        headers={"Retry-After": {"schema": {"type": "integer"}}},
+    )
+    @blp.alt_response(
+        503,
+        schema=ErrorSchema,
+        description="service_unavailable: the process is checking as many passwords as it "
+        "may at once; retry after Retry-After (1 s)",
+        headers={"Retry-After": {"schema": {"type": "integer"}}},
+    )
     def post(self, args: dict[str, Any]) -> Response:
         """Sign in: sets the HttpOnly `settle_session` cookie and returns the CSRF token once."""
-        with auth.identity_db().transaction() as session:
-            issued = service.sign_in(session, args["email"], args["password"])
-            body = _document(issued.record, issued.member)
+        email, password = args["email"], args["password"]
+
+        def check() -> tuple[dict[str, Any], service.IssuedSession]:
+            with auth.identity_db().transaction() as session:
+                issued = service.sign_in(session, email, password)
+                return _document(issued.record, issued.member), issued
+
+        client = request.remote_addr or "unknown"
+        body, issued = signin_guard.current_guard().attempt(email, client, check)
         return _signed_in(body, issued)
 
 
