@@ -421,6 +421,32 @@ def test_reorg_deeper_than_the_checkpoints_rescans_from_the_real_fork_point(
     assert deposit.source_tx_hash == tx
 
 
+def test_reorg_below_every_checkpoint_reads_again_from_where_watching_began(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a watcher that read its first eight blocks at once, with a transfer in the
+    # second one confirmed (its checkpoints: the ends of the two ranges it read)
+    w = rig.watcher(max_range=50)
+    rig.evm.mine()
+    tx = rig.send(45 * USDC)
+    rig.evm.mine(7)
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    assert seen.status == states.SOURCE_CONFIRMED
+    # When a reorg replaces every block it read, re-mining the transfer two blocks later
+    rig.evm.rewind(8)
+    rig.evm.mine(3)
+    rig.evm.replay(tx)
+    rig.evm.mine(7)
+    tick(w, 3)
+    # Then the watcher read again from where it began: the deposit followed its transfer
+    # to its new block, and ops were told (a confirmed deposit's block left the chain)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.id == seen.id and deposit.block_number == rig.start_block + 3
+    assert deposit.block_hash == rig.evm.block_hash(rig.start_block + 3)
+    assert [i.deposit_id for i in incidents(pg_db, rig.chain_id)] == [deposit.id]
+
+
 # -- only real deposits --------------------------------------------------------------------
 
 

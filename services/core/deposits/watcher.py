@@ -25,7 +25,9 @@ read again later, when:
   the logs backend had not seen.
 
 Reorgs. The hash of the last block of every range read is kept (a checkpoint; all of
-them above the finality cursor and 16 under it, then two per power-of-two distance).
+them above the finality cursor and 16 under it, then two per power-of-two distance),
+and the block under the first one ever read (so no reorg is deeper than every
+checkpoint, unless it goes below where watching began).
 When a checkpoint no longer matches the node, the fork point is found by comparing them
 all with the node's hashes (one batch), and both cursors go back to it. A transfer found again on
 the new branch (same identity, see detection.py) moves its deposit; a pending deposit
@@ -203,6 +205,9 @@ class ChainWatcher:
         else:
             # First start: look back one confirmation depth, for transfers just before.
             first = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
+        # The block under the first one read is the oldest checkpoint: a reorg deeper than
+        # every range read is then still followed from where watching began.
+        floor = self.reader.block(first - 1) if first > 0 else None
         with self.db.transaction() as session:
             cursor = session.get(ChainCursor, self.chain_id, with_for_update=True)
             if cursor is None:
@@ -217,6 +222,12 @@ class ChainWatcher:
                                 updated_at=self.detection.clock(),
                             )
                         )
+                        if floor is not None:
+                            session.merge(
+                                ChainCheckpoint(
+                                    chain_id=self.chain_id, number=floor.number, hash=floor.hash
+                                )
+                            )
                 except sa.exc.IntegrityError:
                     return  # another worker created it
                 log.info("chain %s: watching from block %s", self.chain_id, first)
@@ -416,7 +427,10 @@ class ChainWatcher:
             if matching:
                 fork_from = matching[0] + 1
             else:
-                fork_from = known[-1]
+                # Below the oldest checkpoint, which is the block under the first one read
+                # (or, for a cursor older than that floor, the end of the first range read,
+                # at most `max_range` blocks long): read again from before it all.
+                fork_from = max(0, known[-1] - self.max_range + 1)
                 log.critical(
                     "chain %s: reorg below every checkpoint kept; reading again from %s",
                     self.chain_id,
