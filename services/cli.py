@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "services.reconcile",
         "check that every event reached the notifier, once, intact (exit 1 if not)",
     ),
+    "incidents": ("services.core.deposits.cli", "chain incidents the watchers raised (ops)"),
 }
 
 

@@ -8,13 +8,17 @@ branch, a reorg deeper than the kept checkpoints, spam. The chain's depth is 3.
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from eth_account.signers.local import LocalAccount
 
+from services.cli import main
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
 from services.core.deposits.metrics import ChainCollector
@@ -445,6 +449,88 @@ def test_reorg_below_every_checkpoint_reads_again_from_where_watching_began(
     assert deposit.id == seen.id and deposit.block_number == rig.start_block + 3
     assert deposit.block_hash == rig.evm.block_hash(rig.start_block + 3)
     assert [i.deposit_id for i in incidents(pg_db, rig.chain_id)] == [deposit.id]
+
+
+def settle(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], pg_url: str, *argv: str
+) -> tuple[int, Any, str]:
+    """`settle <argv>` in-process, as ops run it; (exit code, stdout JSON, stderr)."""
+    monkeypatch.setenv("SETTLE_DATABASE_URL", pg_url)
+    monkeypatch.setenv("SETTLE_ENV", "dev")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code = main(["--json", *argv])
+    captured = capsys.readouterr()
+    out = captured.out.strip()
+    return code, (json.loads(out) if out else None), captured.err
+
+
+def test_ops_list_and_resolve_chain_incidents_from_the_command_line(
+    rig: Rig,
+    pg_db: Database,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given a confirmed deposit whose block a reorg deeper than the depth replaced
+    w = rig.watcher(max_range=1)
+    rig.evm.mine()
+    w.tick()
+    rig.send(80 * USDC)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    rig.evm.rewind(DEPTH + 1)
+    rig.evm.mine(DEPTH + 2)
+    tick(w, 3)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    chain = str(rig.chain_id)
+    # When ops list the open incidents of the chain
+    code, listed, _ = settle(monkeypatch, capsys, pg_url, "incidents", "list", "--chain", chain)
+    # Then they see it: which deposit, which block, what happened
+    assert code == 0
+    (incident,) = listed["chainIncidents"]
+    assert incident["kind"] == "deep_reorg" and incident["chainId"] == rig.chain_id
+    assert incident["depositId"] == deposit.id
+    assert incident["blockNumber"] == deposit.block_number
+    assert deposit.id in incident["detail"] and incident["resolvedAt"] is None
+    assert open_incidents_metric(pg_db, rig.chain_id) == 1
+    # When they resolve it, saying who and why
+    code, resolved, _ = settle(
+        monkeypatch,
+        capsys,
+        pg_url,
+        "incidents",
+        "resolve",
+        str(incident["id"]),
+        "--reason",
+        "transfer checked on the explorer",
+        "--by",
+        "alice",
+    )
+    # Then it is closed, with who and why kept, and the metric drops
+    assert code == 0
+    assert resolved["chainIncident"]["id"] == incident["id"]
+    assert resolved["chainIncident"]["resolvedAt"] is not None
+    assert resolved["chainIncident"]["detail"].endswith(
+        "\nresolved by alice: transfer checked on the explorer"
+    )
+    assert open_incidents_metric(pg_db, rig.chain_id) == 0
+    code, listed, _ = settle(monkeypatch, capsys, pg_url, "incidents", "list", "--chain", chain)
+    assert (code, listed["chainIncidents"]) == (0, [])
+    code, listed, _ = settle(
+        monkeypatch, capsys, pg_url, "incidents", "list", "--chain", chain, "--all"
+    )
+    assert [i["id"] for i in listed["chainIncidents"]] == [incident["id"]]
+    # And resolving it again, an unknown incident or a malformed id is a clear refusal
+    for target, reason, error in (
+        (str(incident["id"]), "again", "error: conflict: "),
+        ("999999999999", "x", "error: not_found: "),
+        ("inc_1", "x", "error: not_found: "),
+        (str(incident["id"]), "  ", "error: invalid_request: "),
+    ):
+        code, out, err = settle(
+            monkeypatch, capsys, pg_url, "incidents", "resolve", target, "--reason", reason
+        )
+        assert (code, out) == (2, None) and err.startswith(error), err
 
 
 # -- only real deposits --------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """`settle deposits credit|fail`: ops resolve a deposit by hand, recording who and why.
+`settle incidents list|resolve`: the chain incidents the watchers raised (incidents.py).
 
 Allowed for deposits in manual review, or stuck (no progress for
 SETTLE_OPS_STUCK_AFTER_S); also days later: the transition is emitted as its durable
-event like any other. Prints `{"deposit": {...}}`; errors go to stderr with exit 2.
+event like any other. Prints `{"deposit": {...}}` (`{"chainIncidents": [...]}`,
+`{"chainIncident": {...}}`); errors go to stderr with exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from services import output
 from shared.errors import ApiError
 
 if TYPE_CHECKING:
+    from services.core.deposits.incidents import Incidents
     from services.core.deposits.models import Deposit
     from services.core.deposits.ops import Ops
 
@@ -42,6 +45,15 @@ def build_ops() -> Ops:
         Settlement(registry),
         config.deposits,
     )
+
+
+def build_incidents() -> Incidents:
+    """The incidents use case from the environment (the CLI's own small pool)."""
+    from services.core.config import CoreConfig
+    from services.core.deposits.incidents import Incidents
+    from shared.db import Database
+
+    return Incidents(Database(CoreConfig.from_env().database_url, pool_size=1))
 
 
 def _print(deposit: Deposit) -> None:
@@ -91,6 +103,46 @@ def fail(args: argparse.Namespace, ops: Ops | None = None) -> int:
     return 0
 
 
+def incidents_list(args: argparse.Namespace, incidents: Incidents | None = None) -> int:
+    from services.core.deposits.incidents import incident_document
+
+    own = incidents is None
+    incidents = incidents or build_incidents()
+    try:
+        rows = incidents.list(chain_id=args.chain, include_resolved=args.all, limit=args.limit)
+    finally:
+        if own:
+            incidents.db.dispose()
+    output.emit({"chainIncidents": [incident_document(i) for i in rows]})
+    return 0
+
+
+def incidents_resolve(args: argparse.Namespace, incidents: Incidents | None = None) -> int:
+    from services.core.deposits.incidents import incident_document
+
+    own = incidents is None
+    incidents = incidents or build_incidents()
+    try:
+        incident = incidents.resolve(args.incident_id, by=_operator(args.by), reason=args.reason)
+    finally:
+        if own:
+            incidents.db.dispose()
+    output.emit({"chainIncident": incident_document(incident)})
+    return 0
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 1000")
+    return int(text)
+
+
+def _chain_id(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 2**31:
+        raise argparse.ArgumentTypeError(f"not a chain id: {text[:40]!r}")
+    return int(text)
+
+
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -119,3 +171,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reason", required=True, help="becomes the deposit's failureReason")
     p.add_argument("--by", help="who is acting (default: the OS user)")
     p.set_defaults(func=_guard(fail))
+
+    incidents = sub.add_parser(
+        "incidents", help="chain incidents the watchers raised (ops)"
+    ).add_subparsers(dest="action", required=True)
+    p = incidents.add_parser("list", help="open chain incidents, newest first")
+    p.add_argument("--chain", type=_chain_id, help="only this chain id")
+    p.add_argument("--all", action="store_true", help="resolved ones too")
+    p.add_argument("--limit", type=_limit, default=100, help="at most this many (1-1000)")
+    p.set_defaults(func=_guard(incidents_list))
+    p = incidents.add_parser("resolve", help="close an incident, saying why")
+    p.add_argument("incident_id", metavar="INCIDENT_ID")
+    p.add_argument("--reason", required=True, help="what was checked or done, for the record")
+    p.add_argument("--by", help="who is acting (default: the OS user)")
+    p.set_defaults(func=_guard(incidents_resolve))
