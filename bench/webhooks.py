@@ -36,7 +36,7 @@ import sqlalchemy as sa
 
 from bench.harness import ROOT, fresh_database, machine
 from services.core import outbox
-from services.notifier import endpoints as endpoint_domain
+from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.models import Delivery
 from services.notifier.secrets import SecretBox
 from shared import events

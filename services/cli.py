@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("services.core.cli", "database"),
     "core": ("services.core.cli", "core processes"),
     "deposits": ("services.core.deposits.cli", "ops actions on deposits"),
-    "notifier": ("services.notifier.commands", "notifier processes"),
+    "notifier": ("services.notifier.cli", "notifier processes"),
     "deliveries": ("services.notifier.ops", "webhook deliveries (ops)"),
     "endpoints": ("services.notifier.ops", "webhook endpoints (ops)"),
     "keys": ("services.keys", "deposit keys for a deployment"),

@@ -155,7 +155,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from services.core.fees import refresh_fees
     from services.core.relay import start_relay_thread
     from services.notifier.app import create_app as create_notifier_app
-    from services.notifier.engine import start_embedded
+    from services.notifier.delivery_engine import start_embedded
 
     try:
         listener = claim_port(args.host, args.port)
@@ -187,7 +187,6 @@ def run_dev(args: argparse.Namespace) -> int:
     # Imported here: the contexts pull in web3 and friends, which `settle --help` and
     # every other command would otherwise pay for at start.
     from services.core.context import CoreContext
-    from services.notifier.context import NotifierContext
 
     db = Database(core_config.database_url)
     core_ctx = CoreContext.build(core_config, db=db, identity_db=db)
@@ -196,12 +195,11 @@ def run_dev(args: argparse.Namespace) -> int:
         if notifier_config.database_url == core_config.database_url
         else Database(notifier_config.database_url)
     )
-    notifier_ctx = NotifierContext.build(notifier_config, db=notifier_db, identity_db=db)
     refresh_fees(db, core_ctx.registry)
     demo = ensure_demo_tenant(db, folder)
 
     stop = threading.Event()
-    embedded = start_embedded(notifier_ctx)
+    embedded = start_embedded(notifier_config, db=notifier_db, identity_db=db)
     start_relay_thread(db, lambda: embedded.bus, stop, poll_s=1.0)
     for name, target in (
         ("fee-oracle", run_fee_oracle),
@@ -211,7 +209,7 @@ def run_dev(args: argparse.Namespace) -> int:
         threading.Thread(target=target, args=(core_ctx, stop), name=name, daemon=True).start()
 
     app = PathDispatcher(
-        create_core_app(context=core_ctx), create_notifier_app(context=notifier_ctx)
+        create_core_app(context=core_ctx), create_notifier_app(context=embedded.ctx)
     )
     sys.stdout.write(banner(args.host, args.port, demo, core_config.database_url))
     sys.stdout.flush()

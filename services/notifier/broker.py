@@ -9,13 +9,9 @@ any due delivery that has no job in flight, so a job lost with RabbitMQ delays a
 delivery but never loses it. Waiting for a disk-synced confirm per job would cost a
 round trip per delivery for no added safety.
 
-Workers normally run through `settle notifier worker`, which starts Dramatiq's
-`Worker` in-process. To run Dramatiq's own CLI instead, name the setup function:
-
-    dramatiq services.notifier.broker:setup_from_env --threads 16
-
-(`dramatiq` calls it in every worker process; it builds the broker from the
-environment, declares the actors on it and makes it Dramatiq's global broker.)
+`DeliveryQueues` sends the delivery jobs: every process that makes deliveries (the
+API, the consumer, the sweeper, the workers for retries) sends through it, and only
+the workers declare the actors that run them (actors.py).
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ from dramatiq.middleware import (
     ShutdownNotifications,
     TimeLimit,
 )
+
+from shared.bus import BusNames
 
 #: An actor running longer than this is interrupted (it never should: HTTP has timeouts).
 ACTOR_TIME_LIMIT_MS = 5 * 60 * 1000
@@ -58,13 +56,48 @@ def build_broker(config: Any) -> dramatiq.Broker:
     return StubBroker(middleware=middleware())
 
 
-def setup_from_env() -> dramatiq.Broker:
-    """For the `dramatiq` CLI: engine from the environment, actors declared, broker global."""
-    from services.notifier.config import NotifierConfig
-    from services.notifier.context import NotifierContext
-    from services.notifier.engine import EngineSettings, build_engine
+class DeliveryQueues:
+    """The two delivery job queues of a broker, and the messages sent to them.
 
-    config = NotifierConfig.from_env()
-    engine = build_engine(NotifierContext.build(config), EngineSettings.from_env(config))
-    dramatiq.set_broker(engine.broker)
-    return engine.broker
+    Messages name their actor (`deliver`, `deliver_retry`) without needing the actor
+    declared in this process: the API and the consumer send jobs that only workers run.
+    """
+
+    #: Actor names and queue names (before the SETTLE_AMQP_PREFIX).
+    actor_name = "deliver"
+    retry_actor_name = "deliver_retry"
+    QUEUE = "webhooks"
+    RETRY_QUEUE = "webhooks.retry"
+
+    def __init__(self, broker: dramatiq.Broker, names: BusNames) -> None:
+        self.broker = broker
+        #: First attempts and sweeper re-sends (due now).
+        self.queue = names.queue(self.QUEUE)
+        #: Scheduled retries (delayed messages), so a retry backlog never holds up new events.
+        self.retry_queue = names.queue(self.RETRY_QUEUE)
+        for queue in (self.queue, self.retry_queue):
+            broker.declare_queue(queue)
+
+    def enqueue(self, delivery_ids: list[str]) -> None:
+        """First attempts (and sweeper re-sends): due now."""
+        for delivery_id in delivery_ids:
+            self.broker.enqueue(
+                dramatiq.Message(
+                    queue_name=self.queue,
+                    actor_name=self.actor_name,
+                    args=(delivery_id,),
+                    kwargs={},
+                    options={},
+                )
+            )
+
+    def schedule(self, delivery_id: str, delay_s: float, *, bounces: int = 0) -> None:
+        """A later attempt on the retry queue, delayed by `delay_s`."""
+        message = dramatiq.Message(
+            queue_name=self.retry_queue,
+            actor_name=self.retry_actor_name,
+            args=(delivery_id,),
+            kwargs={"bounces": bounces} if bounces else {},
+            options={},
+        )
+        self.broker.enqueue(message, delay=max(0, int(delay_s * 1000)))

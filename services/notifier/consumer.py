@@ -16,31 +16,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pika
 import pika.exceptions
+import psycopg
 import sqlalchemy as sa
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.spec import Basic
-from sqlalchemy.dialects import postgresql, sqlite
 
-from services.notifier import trust
+from services.notifier import fanout, trust
 from services.notifier.context import NotifierContext
-from services.notifier.deliveries import InvalidEvent, parse_envelope
-from services.notifier.models import ENABLED, PENDING, RETRYING, Delivery, Endpoint, StoredEvent
+from services.notifier.deliveries import InvalidEvent, event_row, insert_events, parse_envelope
+from services.notifier.metrics import NotifierMetrics
+from services.notifier.models import PENDING, RETRYING, Delivery
+from shared.backoff import Backoff
 from shared.bus import BusNames, declare_events_exchange
-from shared.ids import new_id
-from shared.timefmt import parse_iso, utcnow
-
-if TYPE_CHECKING:
-    from services.notifier.engine import Engine
-    from services.notifier.metrics import NotifierMetrics
+from shared.db import Database
+from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +63,11 @@ class Handled:
 
 
 def store_events(
-    ctx: NotifierContext, bodies: Sequence[bytes], metrics: NotifierMetrics | None = None
+    db: Database,
+    bodies: Sequence[bytes],
+    metrics: NotifierMetrics | None = None,
+    *,
+    now: datetime | None = None,
 ) -> list[Handled]:
     """Store a batch of events and their deliveries in ONE transaction (committed on return).
 
@@ -75,9 +76,9 @@ def store_events(
     only later). Malformed bodies are reported, not stored. A database error rolls
     the whole batch back and propagates.
 
-    Rows are written in bulk (one INSERT for the events, one for the deliveries): the
-    same rows `deliveries.store_event` and `deliveries.create_deliveries` write one
-    by one, at a fraction of the cost per event.
+    On the fast executor (`Database.driver_transaction`): one pipelined INSERT for
+    the events, one fan-out query per (tenant, type) of the batch (`fanout`), one
+    pipelined INSERT for the deliveries.
     """
     results = [Handled() for _ in bodies]
     parsed: dict[str, tuple[int, bytes, dict[str, Any]]] = {}
@@ -94,27 +95,26 @@ def store_events(
             parsed[envelope["id"]] = (index, body, envelope)
     labels = ["malformed" for r in results if r.malformed]
     if parsed:
-        now = utcnow()
-        # Core on one connection, not an ORM session: at one event per batch (a steady
-        # trickle) the session's bookkeeping cost several times the SQL.
-        with ctx.db.engine.begin() as conn:
-            stored = _insert_events(conn, parsed.values(), now)
+        now = now or utcnow()
+        with db.driver_transaction() as conn:
+            rows = [event_row(envelope, body, now) for _index, body, envelope in parsed.values()]
+            stored = insert_events(db, conn, rows)
             subscribers: dict[tuple[str, str], list[str]] = {}
-            rows: list[dict[str, Any]] = []
+            made: list[dict[str, Any]] = []
             for event_id, (index, _body, envelope) in parsed.items():
                 if event_id not in stored:
-                    results[index].delivery_ids = _unfinished(conn, event_id)
+                    results[index].delivery_ids = _unfinished(db, conn, event_id, now)
                     labels.append("duplicate")
                     continue
-                key = (envelope["tenantId"], envelope["type"])
+                tenant_id, event_type = envelope["tenantId"], envelope["type"]
+                key = (tenant_id, event_type)
                 if key not in subscribers:
-                    subscribers[key] = _subscriber_ids(conn, *key)
+                    subscribers[key] = fanout.subscriber_ids(db, conn, tenant_id, event_type)
                 for endpoint_id in subscribers[key]:
-                    rows.append(_delivery_row(envelope, endpoint_id, now))
-                    results[index].delivery_ids.append(rows[-1]["id"])
+                    made.append(fanout.pending(tenant_id, event_id, event_type, endpoint_id, now))
+                    results[index].delivery_ids.append(made[-1]["id"])
                 labels.append("stored")
-            if rows:
-                conn.execute(_INSERT_DELIVERIES, rows)
+            fanout.insert_deliveries(db, conn, made)
     labels.extend("duplicate" for _ in repeats)
     if metrics is not None:
         for label in labels:
@@ -122,79 +122,22 @@ def store_events(
     return results
 
 
-#: Core statements of store_events, built once.
-_INSERT_DELIVERIES = sa.insert(Delivery.__table__)
-_EVENTS = StoredEvent.__table__
-_INSERT_EVENTS = {
-    name: insert(_EVENTS).on_conflict_do_nothing(index_elements=["id"]).returning(_EVENTS.c.id)
-    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
-}
-_SUBSCRIBERS = (
-    sa.select(Endpoint.id, Endpoint.event_types)
-    .where(
-        Endpoint.tenant_id == sa.bindparam("tenant_id"),
-        Endpoint.status == ENABLED,
-        Endpoint.deleted_at.is_(None),
-    )
-    .order_by(Endpoint.id)
+#: A redelivered event's unfinished deliveries that are due and not leased.
+_UNFINISHED = sa.select(Delivery.id).where(
+    Delivery.event_id == sa.bindparam("event_id"),
+    # Not in_(): an expanding IN re-renders the SQL on every execution.
+    sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+    sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < sa.bindparam("now")),
+    Delivery.next_attempt_at <= sa.bindparam("now"),
 )
 
 
-def _subscriber_ids(conn: sa.Connection, tenant_id: str, event_type: str) -> list[str]:
-    """Ids of deliveries.subscribed_endpoints (same test), without loading whole rows."""
-    rows = conn.execute(_SUBSCRIBERS, {"tenant_id": tenant_id})
-    return [endpoint_id for endpoint_id, types in rows if event_type in (types or [])]
-
-
-def _insert_events(
-    conn: sa.Connection, parsed: Iterable[tuple[int, bytes, dict[str, Any]]], now: datetime
-) -> set[str]:
-    """INSERT ... ON CONFLICT DO NOTHING for the batch; the ids that were new."""
-    rows = [
-        {
-            "id": envelope["id"],
-            "tenant_id": envelope["tenantId"],
-            "event_type": envelope["type"],
-            "body": body.decode("utf-8"),
-            "created_at": parse_iso(envelope["createdAt"]),
-            "received_at": now,
-        }
-        for _index, body, envelope in parsed
-    ]
-    statement = _INSERT_EVENTS[conn.dialect.name]
-    return set(conn.execute(statement, rows).scalars())
-
-
-def _delivery_row(envelope: dict[str, Any], endpoint_id: str, now: datetime) -> dict[str, Any]:
-    """A new delivery, pending and due now (as deliveries.create_deliveries makes it)."""
-    return {
-        "id": new_id("whd"),
-        "tenant_id": envelope["tenantId"],
-        "endpoint_id": endpoint_id,
-        "event_id": envelope["id"],
-        "event_type": envelope["type"],
-        "status": PENDING,
-        "attempt_count": 0,
-        "next_attempt_at": now,
-        "lease_until": None,
-        "replay_of": None,
-        "created_at": now,
-        "updated_at": now,
-    }
-
-
-def _unfinished(conn: sa.Connection, event_id: str) -> list[str]:
-    now = utcnow()
-    return list(
-        conn.scalars(
-            sa.select(Delivery.id).where(
-                Delivery.event_id == event_id,
-                Delivery.status.in_((PENDING, RETRYING)),
-                sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
-                Delivery.next_attempt_at <= now,
-            )
-        )
-    )
+def _unfinished(
+    db: Database, conn: psycopg.Connection[Any], event_id: str, now: datetime
+) -> list[str]:
+    statement = db.attachment("notifier.unfinished", lambda d: d.driver_statement(_UNFINISHED))
+    rows = conn.execute(statement.sql, statement.bind({"event_id": event_id, "now": now}))
+    return [delivery_id for (delivery_id,) in rows]
 
 
 def handle_event(
@@ -204,7 +147,7 @@ def handle_event(
 
     Raises MalformedEvent for a body that is not an event envelope.
     """
-    (handled,) = store_events(ctx, [body], metrics)
+    (handled,) = store_events(ctx.db, [body], metrics)
     if handled.malformed is not None:
         raise MalformedEvent(handled.malformed)
     ctx.hand_off(handled.delivery_ids)
@@ -240,83 +183,73 @@ def declare_topology(channel: BlockingChannel, names: BusNames) -> None:
     channel.queue_bind(names.notifier_queue, names.exchange, routing_key="#")
 
 
-class _Backoff:
-    def __init__(self) -> None:
-        self.current = 0.0
+class EventConsumer:
+    """The notifier's queue to stored events and deliveries (`run` until stopped)."""
 
-    def next(self) -> float:
-        self.current = BACKOFF_FIRST_S if not self.current else min(BACKOFF_MAX_S, self.current * 2)
-        return self.current * random.uniform(0.8, 1.2)
+    def __init__(
+        self, ctx: NotifierContext, metrics: NotifierMetrics, names: BusNames, *, prefetch: int
+    ) -> None:
+        if not ctx.config.amqp_url:
+            raise ValueError("the event consumer needs SETTLE_AMQP_URL")
+        self.ctx = ctx
+        self.metrics = metrics
+        self.names = names
+        self.prefetch = prefetch
+        self.params = pika.URLParameters(ctx.config.amqp_url)
+        self.params.socket_timeout = 5
+        self.params.client_properties = {
+            "connection_name": f"settle notifier consumer {names.prefix}".strip()
+        }
+        self.db_backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
 
-    def reset(self) -> None:
-        self.current = 0.0
-
-
-def run_consumer(
-    engine: Engine, stop: threading.Event, *, ready: threading.Event | None = None
-) -> None:
-    """Consume until `stop`; reconnects to RabbitMQ with capped backoff."""
-    ctx = engine.ctx
-    names = engine.settings.names
-    assert ctx.config.amqp_url
-    params = pika.URLParameters(ctx.config.amqp_url)
-    params.socket_timeout = 5
-    params.client_properties = {
-        "connection_name": f"settle notifier consumer {names.prefix}".strip()
-    }
-    backoff = _Backoff()
-    batcher = _Batcher(engine)
-    max_batch = max(1, min(engine.settings.prefetch, MAX_BATCH))
-    while not stop.is_set():
-        connection = None
-        try:
-            connection = pika.BlockingConnection(params)
-            channel = connection.channel()
-            declare_topology(channel, names)
-            channel.basic_qos(prefetch_count=engine.settings.prefetch)
-            backoff.reset()
-            log.info("notifier consumer ready on %s", names.notifier_queue)
-            if ready is not None:
-                ready.set()
-            batch: list[tuple[Basic.Deliver, bytes]] = []
-            for method, props, body in channel.consume(
-                names.notifier_queue, inactivity_timeout=IDLE_CHECK_S
-            ):
-                if method is not None and trust.admit(
-                    channel, method, props, ctx.config.core_amqp_user, engine.metrics
+    def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
+        """Consume until `stop`; reconnects to RabbitMQ with capped backoff."""
+        names = self.names
+        backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
+        max_batch = max(1, min(self.prefetch, MAX_BATCH))
+        while not stop.is_set():
+            connection = None
+            try:
+                connection = pika.BlockingConnection(self.params)
+                channel = connection.channel()
+                declare_topology(channel, names)
+                channel.basic_qos(prefetch_count=self.prefetch)
+                backoff.reset()
+                log.info("notifier consumer ready on %s", names.notifier_queue)
+                if ready is not None:
+                    ready.set()
+                batch: list[tuple[Basic.Deliver, bytes]] = []
+                for method, props, body in channel.consume(
+                    names.notifier_queue, inactivity_timeout=IDLE_CHECK_S
                 ):
-                    assert body is not None
-                    batch.append((method, body))
-                    # Take what is already here, then store it in one transaction.
-                    if len(batch) < max_batch and channel.get_waiting_message_count() > 0:
-                        continue
-                if batch:
-                    batcher.process(channel, batch)
-                    batch = []
-                if stop.is_set():
-                    break
-        except (pika.exceptions.AMQPError, OSError) as err:
-            delay = backoff.next()
-            log.warning("RabbitMQ unavailable (%r); reconnecting in %.1fs", err, delay)
-            stop.wait(delay)
-        finally:
-            if connection is not None and connection.is_open:
-                with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-                    connection.close()
-
-
-class _Batcher:
-    """Stores a batch, hands off its deliveries, then settles every message of it."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.db_backoff = _Backoff()
+                    if method is not None and trust.admit(
+                        channel, method, props, self.ctx.config.core_amqp_user, self.metrics
+                    ):
+                        assert body is not None
+                        batch.append((method, body))
+                        # Take what is already here, then store it in one transaction.
+                        if len(batch) < max_batch and channel.get_waiting_message_count() > 0:
+                            continue
+                    if batch:
+                        self.process(channel, batch)
+                        batch = []
+                    if stop.is_set():
+                        break
+            except (pika.exceptions.AMQPError, OSError) as err:
+                delay = backoff.next()
+                log.warning("RabbitMQ unavailable (%r); reconnecting in %.1fs", err, delay)
+                stop.wait(delay)
+            finally:
+                if connection is not None and connection.is_open:
+                    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                        connection.close()
 
     def process(self, channel: BlockingChannel, batch: list[tuple[Basic.Deliver, bytes]]) -> None:
-        ctx, metrics = self.engine.ctx, self.engine.metrics
+        """Store a batch, hand off its deliveries, then settle every message of it."""
+        ctx = self.ctx
         try:
-            results = store_events(ctx, [body for _, body in batch], metrics)
-        except (sa.exc.DataError, sa.exc.IntegrityError):
+            results = store_events(ctx.db, [body for _, body in batch], self.metrics)
+        except (psycopg.DataError, psycopg.IntegrityError):
             # Something in the batch is refused by the database every time: find it.
             if len(batch) > 1:
                 for one in batch:

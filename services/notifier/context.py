@@ -37,7 +37,8 @@ class NotifierContext:
     db: Database
     identity_db: Database
     secret_box: SecretBox
-    #: Set by the delivery engine at startup; the default only logs.
+    #: Hands new deliveries to the delivery engine (delivery_engine.py builds the
+    #: context with its queues); the default only logs.
     enqueue: Enqueue = field(default=_engine_not_wired)
     max_endpoints_per_tenant: int = DEFAULT_MAX_ENDPOINTS
 
@@ -48,6 +49,7 @@ class NotifierContext:
         *,
         db: Database | None = None,
         identity_db: Database | None = None,
+        enqueue: Enqueue | None = None,
     ) -> NotifierContext:
         db = db or Database(config.database_url, pool_size=config.db_pool_size)
         if identity_db is None:
@@ -61,6 +63,7 @@ class NotifierContext:
             db=db,
             identity_db=identity_db,
             secret_box=SecretBox(config.secret_key),
+            enqueue=enqueue or _engine_not_wired,
             max_endpoints_per_tenant=config.max_endpoints_per_tenant,
         )
 

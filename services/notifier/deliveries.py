@@ -1,39 +1,37 @@
 """Events as received and their deliveries: store once, fan out, replay, recover, list.
 
-The engine (consumer, actors, sweeper) and the HTTP API both come through here, so
-a delivery is made the same way whether an event arrived from core, a tenant asked
-for a test, a replay or a recovery.
+The consumer and the HTTP API both come through here, and every delivery is made by
+`fanout` (who gets one, what a new one looks like), whether an event arrived from
+core, a tenant asked for a test, a replay or a recovery.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, aliased
 
-from services.notifier.endpoints import get_endpoint, is_plausible_id
+from services.notifier import fanout
 from services.notifier.models import (
-    DISABLED,
-    ENABLED,
     FAILED,
     PENDING,
     RETRYING,
     SUCCEEDED,
     Attempt,
     Delivery,
-    Endpoint,
     StoredEvent,
 )
+from services.notifier.webhook_endpoints import is_plausible_id
 from shared import events
 from shared.api import Page, field_error, keyset_page
+from shared.db import Database
 from shared.errors import Conflict, NotFound
-from shared.ids import new_id
 from shared.timefmt import parse_iso, utcnow
 
 #: Longest window of one recovery.
@@ -42,6 +40,10 @@ MAX_RECOVER_WINDOW = timedelta(days=30)
 MAX_RECOVER_BATCH = 1000
 #: The message of a `webhook.test` event.
 TEST_MESSAGE = "Test delivery from Settle"
+
+
+#: Every column of a stored event (all bound: no Python-side default).
+_EVENT_COLUMNS = ("id", "tenant_id", "event_type", "body", "created_at", "received_at")
 
 
 class InvalidEvent(ValueError):
@@ -77,116 +79,63 @@ def parse_envelope(body: bytes) -> dict[str, Any]:
     return envelope
 
 
+def event_row(envelope: dict[str, Any], body: bytes, now: datetime) -> dict[str, Any]:
+    """The stored event's columns: the body kept byte for byte (every delivery sends it)."""
+    return {
+        "id": envelope["id"],
+        "tenant_id": envelope["tenantId"],
+        "event_type": envelope["type"],
+        "body": body.decode("utf-8"),
+        "created_at": parse_iso(envelope["createdAt"]),
+        "received_at": now,
+    }
+
+
+#: Store an event once: a redelivered id inserts nothing (and returns no row).
+_INSERT_EVENT = (
+    postgresql.insert(StoredEvent)
+    .values({name: sa.bindparam(name) for name in _EVENT_COLUMNS})
+    .on_conflict_do_nothing(index_elements=["id"])
+)
+
+
 def store_event(
     session: Session, envelope_body: bytes, now: datetime | None = None
 ) -> StoredEvent | None:
     """Insert the event once; None when its id is already stored (a redelivery).
 
-    The body is kept byte for byte: every delivery of the event sends exactly it.
     Raises InvalidEvent for a body that is not an envelope.
     """
-    envelope = parse_envelope(envelope_body)
-    values = {
-        "id": envelope["id"],
-        "tenant_id": envelope["tenantId"],
-        "event_type": envelope["type"],
-        "body": envelope_body.decode("utf-8"),
-        "created_at": parse_iso(envelope["createdAt"]),
-        "received_at": now or utcnow(),
-    }
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = (
-        insert(StoredEvent)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=["id"])
-        .returning(StoredEvent)
+    row = event_row(parse_envelope(envelope_body), envelope_body, now or utcnow())
+    return session.scalars(_INSERT_EVENT.returning(StoredEvent), row).one_or_none()
+
+
+def insert_events(
+    db: Database, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]
+) -> set[str]:
+    """`event_row`s stored once, on a driver connection of `db`; the ids that were new."""
+    statement = db.attachment(
+        "notifier.insert_event",
+        lambda d: d.driver_statement(_INSERT_EVENT.returning(StoredEvent.id)),
     )
-    return session.scalars(statement).one_or_none()
+    new: set[str] = set()
+    with conn.cursor() as cur:
+        cur.executemany(statement.sql, [statement.bind(row) for row in rows], returning=True)
+        while True:
+            new.update(event_id for (event_id,) in cur.fetchall())
+            if not cur.nextset():
+                break
+    return new
 
 
-# -- fan-out ------------------------------------------------------------------------
-
-
-def subscribed_endpoints(session: Session, tenant_id: str, event_type: str) -> list[Endpoint]:
-    """The tenant's enabled, live endpoints subscribed to `event_type`."""
-    rows = session.scalars(
-        sa.select(Endpoint)
-        .where(
-            Endpoint.tenant_id == tenant_id,
-            Endpoint.status == ENABLED,
-            Endpoint.deleted_at.is_(None),
-        )
-        .order_by(Endpoint.id)
-    )
-    # A tenant has a few endpoints (capped), so the subscription test runs here,
-    # the same on PostgreSQL and SQLite.
-    return [e for e in rows if event_type in (e.event_types or [])]
-
-
-def create_deliveries(
-    session: Session,
-    event: StoredEvent,
-    endpoints: Sequence[Endpoint],
-    *,
-    replay_of: dict[str, str] | None = None,
-    now: datetime | None = None,
-) -> list[Delivery]:
-    """One pending delivery, due now, per endpoint. `replay_of`: endpoint id -> delivery id."""
-    now = now or utcnow()
-    made = [
-        _pending(
-            event.tenant_id,
-            event.id,
-            event.event_type,
-            endpoint.id,
-            (replay_of or {}).get(endpoint.id),
-            now,
-        )
-        for endpoint in endpoints
-    ]
-    session.add_all(made)
-    session.flush()
-    return made
-
-
-def _pending(
-    tenant_id: str,
-    event_id: str,
-    event_type: str,
-    endpoint_id: str,
-    replay_of: str | None,
-    now: datetime,
-) -> Delivery:
-    return Delivery(
-        id=new_id("whd"),
-        tenant_id=tenant_id,
-        endpoint_id=endpoint_id,
-        event_id=event_id,
-        event_type=event_type,
-        status=PENDING,
-        attempt_count=0,
-        next_attempt_at=now,
-        lease_until=None,
-        replay_of=replay_of,
-        created_at=now,
-        updated_at=now,
-    )
-
-
-def _sendable_endpoint(session: Session, tenant_id: str, endpoint_id: str) -> Endpoint:
-    """A live endpoint that may receive a delivery now (404 if gone, 409 if disabled)."""
-    endpoint = get_endpoint(session, tenant_id, endpoint_id)
-    if endpoint.status == DISABLED:
-        raise Conflict(f"webhook endpoint {endpoint_id} is disabled; enable it first (PATCH)")
-    return endpoint
+# -- deliveries asked for by name ---------------------------------------------------
 
 
 def send_test(
     session: Session, tenant_id: str, endpoint_id: str, now: datetime | None = None
 ) -> Delivery:
     """A `webhook.test` event and one delivery of it to this endpoint alone."""
-    endpoint = _sendable_endpoint(session, tenant_id, endpoint_id)
+    endpoint = fanout.sendable_endpoint(session, tenant_id, endpoint_id)
     now = now or utcnow()
     envelope = events.envelope(
         events.WEBHOOK_TEST,
@@ -196,7 +145,8 @@ def send_test(
     )
     event = store_event(session, events.encode(envelope), now=now)
     assert event is not None  # a fresh ULID id cannot collide
-    (delivery,) = create_deliveries(session, event, [endpoint], now=now)
+    row = fanout.pending(tenant_id, event.id, event.event_type, endpoint.id, now)
+    (delivery,) = fanout.create_deliveries(session, [row])
     return delivery
 
 
@@ -206,16 +156,20 @@ def replay(
     """A new delivery of the same event (same id, same body) to the same endpoint, due now."""
     original = get_delivery(session, tenant_id, delivery_id)
     try:
-        endpoint = _sendable_endpoint(session, original.tenant_id, original.endpoint_id)
+        endpoint = fanout.sendable_endpoint(session, original.tenant_id, original.endpoint_id)
     except NotFound:
         raise Conflict(
             f"the endpoint of delivery {delivery_id} was deleted; nothing to replay to"
         ) from None
-    event = session.get(StoredEvent, original.event_id)
-    assert event is not None  # foreign key
-    (delivery,) = create_deliveries(
-        session, event, [endpoint], replay_of={endpoint.id: original.id}, now=now
+    row = fanout.pending(
+        original.tenant_id,
+        original.event_id,
+        original.event_type,
+        endpoint.id,
+        now or utcnow(),
+        replay_of=original.id,
     )
+    (delivery,) = fanout.create_deliveries(session, [row])
     return delivery
 
 
@@ -240,7 +194,7 @@ def recover(
         raise field_error("until", "must be later than since")
     if until - since > MAX_RECOVER_WINDOW:
         raise field_error("until", f"at most {MAX_RECOVER_WINDOW.days} days after since")
-    endpoint = _sendable_endpoint(session, tenant_id, endpoint_id)
+    endpoint = fanout.sendable_endpoint(session, tenant_id, endpoint_id)
     failed = aliased(Delivery, name="failed")
     settled = (
         sa.select(Delivery.id)
@@ -270,12 +224,10 @@ def recover(
             latest[row.event_id] = row
     # The failed delivery names its event and type; the event row itself is not needed.
     made = [
-        _pending(o.tenant_id, o.event_id, o.event_type, endpoint.id, o.id, now)
+        fanout.pending(o.tenant_id, o.event_id, o.event_type, endpoint.id, now, replay_of=o.id)
         for o in latest.values()
     ]
-    session.add_all(made)
-    session.flush()
-    return made
+    return fanout.create_deliveries(session, made)
 
 
 # -- reading ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services import output
-from services.notifier import deliveries, endpoints
+from services.notifier import deliveries, webhook_endpoints
 from services.notifier.api.schemas import (
     DeliveryDetailEnvelopeSchema,
     DeliveryEnvelopeSchema,
@@ -124,7 +124,9 @@ def _wait_final(ctx: NotifierContext, tenant: str | None, delivery_id: str, limi
 def endpoints_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
     now = utcnow()
     with ctx.db.reader() as session:
-        page = endpoints.list_endpoints(session, args.tenant, limit=args.limit, cursor=args.cursor)
+        page = webhook_endpoints.list_endpoints(
+            session, args.tenant, limit=args.limit, cursor=args.cursor
+        )
         items = [endpoint_out(e, now) for e in page.items]
     _print(EndpointListSchema(), {"webhook_endpoints": items, "next_cursor": page.next_cursor})
     return 0
@@ -134,10 +136,10 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
     def run(ctx: NotifierContext, args: argparse.Namespace) -> int:
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(
+            endpoint = webhook_endpoints.get_endpoint(
                 session, args.tenant, args.endpoint_id, for_update=True
             )
-            endpoints.set_status(endpoint, status)
+            webhook_endpoints.set_status(endpoint, status)
             endpoint.updated_at = now
             out = endpoint_out(endpoint, now)
         _print(EndpointEnvelopeSchema(), {"webhook_endpoint": out})

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
 from shared.db import Database
 from shared.timefmt import utcnow
-
-if TYPE_CHECKING:
-    from services.notifier.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +35,11 @@ def due_deliveries(
     now = now or utcnow()
     cutoff = now - timedelta(seconds=grace_s)
     with db.transaction() as session:
-        if session.get_bind().dialect.name == "postgresql":
-            locked = session.scalar(
-                sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": SWEEP_LOCK_KEY}
-            )
-            if not locked:
-                return []  # another consumer's sweeper is on it
+        locked = session.scalar(
+            sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": SWEEP_LOCK_KEY}
+        )
+        if not locked:
+            return []  # another consumer's sweeper is on it
         # Every unfinished delivery has a next_attempt_at (made due now), so the
         # (status, next_attempt_at) index serves this query.
         due_at = Delivery.next_attempt_at
@@ -60,24 +57,39 @@ def due_deliveries(
         )
 
 
-def sweep_once(engine: Engine, now: datetime | None = None) -> list[str]:
-    """One round: find and enqueue; returns the ids enqueued."""
-    settings = engine.settings
-    ids = due_deliveries(
-        engine.ctx.db, grace_s=settings.sweep_grace_s, batch=settings.sweep_batch, now=now
-    )
-    if ids:
-        log.info("sweeper: %d due deliveries had no job in flight; enqueued", len(ids))
-        engine.enqueue(ids)
-        engine.metrics.swept.inc(len(ids))
-    return ids
+class Sweeper:
+    """Finds due deliveries with no job in flight and hands them to `enqueue`."""
 
+    def __init__(
+        self,
+        db: Database,
+        enqueue: Callable[[list[str]], None],
+        metrics: NotifierMetrics,
+        *,
+        interval_s: float,
+        grace_s: float,
+        batch: int,
+    ) -> None:
+        self.db = db
+        self.enqueue = enqueue
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.batch = batch
 
-def run_sweeper(engine: Engine, stop: threading.Event) -> None:
-    """Sweep every `sweep_interval_s` until `stop`; errors are logged, never fatal."""
-    interval = engine.settings.sweep_interval_s
-    while not stop.wait(interval):
-        try:
-            sweep_once(engine)
-        except Exception:
-            log.exception("sweep failed; trying again in %.1fs", interval)
+    def sweep_once(self, now: datetime | None = None) -> list[str]:
+        """One round: find and enqueue; returns the ids enqueued."""
+        ids = due_deliveries(self.db, grace_s=self.grace_s, batch=self.batch, now=now)
+        if ids:
+            log.info("sweeper: %d due deliveries had no job in flight; enqueued", len(ids))
+            self.enqueue(ids)
+            self.metrics.swept.inc(len(ids))
+        return ids
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every `interval_s` until `stop`; errors are logged, never fatal."""
+        while not stop.wait(self.interval_s):
+            try:
+                self.sweep_once()
+            except Exception:
+                log.exception("sweep failed; trying again in %.1fs", self.interval_s)

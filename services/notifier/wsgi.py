@@ -6,9 +6,6 @@ RabbitMQ when SETTLE_AMQP_URL is set; without it the sweeper sends them.
 
 from services.notifier.app import create_app
 from services.notifier.config import NotifierConfig
-from services.notifier.context import NotifierContext
-from services.notifier.engine import wire_enqueue
+from services.notifier.delivery_engine import api_context
 
-context = NotifierContext.build(NotifierConfig.from_env())
-wire_enqueue(context)
-app = create_app(context=context)
+app = create_app(context=api_context(NotifierConfig.from_env()))

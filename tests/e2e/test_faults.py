@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.core import outbox
-from services.notifier import endpoints as endpoint_domain
+from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.models import SUCCEEDED, Delivery
 from services.notifier.secrets import SecretBox
 from shared import events, signing

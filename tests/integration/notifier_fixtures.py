@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
-from services.notifier import deliveries
 from services.notifier.app import create_app
 from services.notifier.config import NotifierConfig
+from services.notifier.consumer import store_events
 from services.notifier.context import NotifierContext
 from services.notifier.models import Attempt, Delivery, Endpoint, StoredEvent
 from shared import events
@@ -122,11 +122,11 @@ def deliver_event(
 ) -> tuple[StoredEvent, list[Delivery]]:
     """What the consumer does with an event from core: store it, fan out to subscribers."""
     envelope = events.envelope(event_type, tenant_id, data or {"n": 1}, created_at=at)
-    with db.transaction() as session:
-        event = deliveries.store_event(session, events.encode(envelope), now=at)
-        assert event is not None
-        subscribers = deliveries.subscribed_endpoints(session, tenant_id, event_type)
-        made = deliveries.create_deliveries(session, event, subscribers, now=at)
+    (handled,) = store_events(db, [events.encode(envelope)], now=at)
+    assert handled.malformed is None
+    with db.reader() as session:
+        event = session.get_one(StoredEvent, envelope["id"])
+        made = [session.get_one(Delivery, delivery_id) for delivery_id in handled.delivery_ids]
     return event, made
 
 

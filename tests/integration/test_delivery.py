@@ -17,6 +17,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
+from services.notifier import webhook_endpoints
 from services.notifier.app import create_app
 from services.notifier.models import DISABLED, FAILED, SUCCEEDED, Endpoint
 from services.notifier.sender import Sender
@@ -135,6 +136,25 @@ def test_unsubscribed_types_and_other_tenants_get_nothing(pipeline: Pipeline, rx
     pipeline.wait_status(mine["id"], SUCCEEDED)
     assert [json.loads(h.body)["id"] for h in rx.hits("/only-failed")] == [mine["id"]]
     assert pipeline.deliveries(other["id"]) == [] and pipeline.deliveries(foreign["id"]) == []
+
+
+def test_deleted_and_disabled_endpoints_get_no_delivery(pipeline: Pipeline, rx: Receiver) -> None:
+    # Given three endpoints subscribed to deposit.credited: live, then deleted, then disabled
+    tenant_id = _tenant(pipeline.db)
+    live, _ = pipeline.endpoint(tenant_id, rx.url("/live"), [events.DEPOSIT_CREDITED])
+    deleted, _ = pipeline.endpoint(tenant_id, rx.url("/deleted"), [events.DEPOSIT_CREDITED])
+    disabled, _ = pipeline.endpoint(tenant_id, rx.url("/disabled"), [events.DEPOSIT_CREDITED])
+    with pipeline.db.transaction() as session:
+        gone = webhook_endpoints.get_endpoint(session, tenant_id, deleted)
+        webhook_endpoints.delete_endpoint(session, gone)
+        off = webhook_endpoints.get_endpoint(session, tenant_id, disabled)
+        webhook_endpoints.set_status(off, DISABLED)
+    # When core emits an event of that type (relay -> RabbitMQ -> the consumer's fan-out)
+    envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+    # Then the consumer made one delivery, to the live endpoint, and only it was called
+    pipeline.wait_status(envelope["id"], SUCCEEDED)
+    assert [d.endpoint_id for d in pipeline.deliveries(envelope["id"])] == [live]
+    assert rx.hits("/deleted") == [] and rx.hits("/disabled") == []
 
 
 def test_rotation_overlap_signs_with_new_then_old(pipeline: Pipeline, rx: Receiver) -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from services.core import outbox
 from services.core.relay import start_relay_thread
-from services.notifier import endpoints as endpoint_domain
+from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.context import NotifierContext
-from services.notifier.engine import EmbeddedEngine, EngineSettings, start_embedded
+from services.notifier.delivery_engine import EmbeddedEngine, EngineSettings, start_embedded
 from services.notifier.models import SUCCEEDED, Delivery
 from shared import events, signing
 from shared.db import Database
@@ -56,14 +56,16 @@ def embedded() -> Iterator[Embedded]:
     # them (the sweeper and the relay act on every row they see)
     with isolated_database("embedded") as url:
         db = Database(url)
-        ctx = NotifierContext.build(
-            notifier_config(url, amqp_url=None, worker_threads=4), db=db, identity_db=db
+        engine = start_embedded(
+            notifier_config(url, amqp_url=None, worker_threads=4),
+            EngineSettings(sweep_interval_s=0.25, sweep_grace_s=1.0),
+            db=db,
+            identity_db=db,
         )
-        engine = start_embedded(ctx, EngineSettings(sweep_interval_s=0.25, sweep_grace_s=1.0))
         stop = threading.Event()
         relay = start_relay_thread(db, lambda: engine.bus, stop, poll_s=5.0)
         try:
-            yield Embedded(db, ctx, engine)
+            yield Embedded(db, engine.ctx, engine)
         finally:
             stop.set()
             relay.join(10)

@@ -13,10 +13,11 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from services.notifier import deliveries
+from services.notifier import deliveries, fanout
+from services.notifier.consumer import store_events
 from services.notifier.context import NotifierContext
-from services.notifier.endpoints import signing_secrets
-from services.notifier.models import FAILED, RETRYING, SUCCEEDED, Endpoint, StoredEvent
+from services.notifier.models import FAILED, RETRYING, SUCCEEDED, Delivery, StoredEvent
+from services.notifier.webhook_endpoints import signing_secrets
 from shared import events
 from shared.db import Database
 from shared.timefmt import iso_ms, parse_iso, utcnow
@@ -563,13 +564,15 @@ def test_recover_resends_only_failed_deliveries_in_the_window(
     with pg_db.transaction() as session:
         stored_b = session.get(StoredEvent, event_b.id)
         assert stored_b is not None
-        (b_again,) = deliveries.create_deliveries(
-            session,
-            stored_b,
-            [session.get(Endpoint, endpoint["id"])],  # type: ignore[list-item]
-            replay_of={endpoint["id"]: failed_b.id},
-            now=now - day + timedelta(hours=1),
+        row = fanout.pending(
+            tenant.tenant_id,
+            stored_b.id,
+            stored_b.event_type,
+            endpoint["id"],
+            now - day + timedelta(hours=1),
+            replay_of=failed_b.id,
         )
+        (b_again,) = fanout.create_deliveries(session, [row])
         b_again.status = FAILED
     path = f"{ENDPOINTS}/{endpoint['id']}/recover"
 
@@ -808,7 +811,7 @@ def test_an_event_is_stored_once(pg_db: Database) -> None:
             deliveries.store_event(session, bad)
 
 
-def test_fan_out_reaches_enabled_live_subscribed_endpoints_only(
+def test_the_consumer_fans_out_to_enabled_live_subscribed_endpoints_only(
     notifier_client: FlaskClient, pg_db: Database
 ) -> None:
     # Given endpoints: subscribed, subscribed then disabled, subscribed then deleted, other type
@@ -824,10 +827,15 @@ def test_fan_out_reaches_enabled_live_subscribed_endpoints_only(
     )
     notifier_client.delete(f"{ENDPOINTS}/{deleted['id']}", headers=tenant.headers)
 
-    # When an event of the subscribed type arrives, Then only the first endpoint gets it
+    # When the consumer stores an event of the subscribed type (its own code, real PostgreSQL)
+    envelope = events.envelope(events.DEPOSIT_CREDITED, tenant.tenant_id, {"n": 1})
+    (handled,) = store_events(pg_db, [events.encode(envelope)])
+
+    # Then only the first endpoint gets a delivery: not the disabled, not the deleted one
     with pg_db.reader() as session:
-        found = deliveries.subscribed_endpoints(session, tenant.tenant_id, events.DEPOSIT_CREDITED)
-        assert [e.id for e in found] == [subscribed["id"]]
+        made = session.scalars(sa.select(Delivery).where(Delivery.event_id == envelope["id"]))
+        assert [d.endpoint_id for d in made] == [subscribed["id"]]
+    assert len(handled.delivery_ids) == 1
 
 
 # -- isolation and auth -------------------------------------------------------------

@@ -25,7 +25,8 @@ from services.core import outbox
 from services.core.deposits import states
 from services.core.deposits.models import Deposit
 from services.core.models import DepositAccount, OutboxEvent
-from services.notifier import deliveries, endpoints
+from services.notifier import deliveries, fanout, webhook_endpoints
+from services.notifier.consumer import store_events
 from services.notifier.models import DISABLED, RETRYING, SUCCEEDED, Delivery, Endpoint
 from services.notifier.secrets import SecretBox
 from shared import components, events, migrate
@@ -72,13 +73,13 @@ def publish(db: Database, event_id: str) -> bytes:
 
 def consume(db: Database, body: bytes, *, fan_out: bool = True) -> list[str]:
     """Store the event and fan it out as the notifier consumer does; returns delivery ids."""
-    with db.transaction() as session:
-        event = deliveries.store_event(session, body)
-        assert event is not None
-        if not fan_out:
-            return []
-        targets = deliveries.subscribed_endpoints(session, event.tenant_id, event.event_type)
-        return [d.id for d in deliveries.create_deliveries(session, event, targets)]
+    if not fan_out:
+        with db.transaction() as session:
+            assert deliveries.store_event(session, body) is not None
+        return []
+    (handled,) = store_events(db, [body])
+    assert handled.malformed is None
+    return handled.delivery_ids
 
 
 def pass_through(db: Database, event_id: str) -> list[str]:
@@ -94,7 +95,7 @@ def add_endpoint(
     created_at: datetime | None = None,
 ) -> str:
     with db.transaction() as session:
-        endpoint, _ = endpoints.create_endpoint(
+        endpoint, _ = webhook_endpoints.create_endpoint(
             session,
             BOX,
             tenant_id,
@@ -308,7 +309,7 @@ def test_a_subscribed_endpoint_without_a_delivery(pg_db: Database) -> None:
     add_endpoint(pg_db, tenant, [events.DEPOSIT_CREDITED])
     d = add_endpoint(pg_db, tenant)
     with pg_db.transaction() as session:
-        endpoints.set_status(session.get_one(Endpoint, d), DISABLED)
+        webhook_endpoints.set_status(session.get_one(Endpoint, d), DISABLED)
     # and an event stored without any fan-out, and one endpoint (E) made after it
     event_id = emit(pg_db, tenant)
     consume(pg_db, publish(pg_db, event_id), fan_out=False)
@@ -334,8 +335,8 @@ def test_two_deliveries_of_one_event_to_one_endpoint(pg_db: Database) -> None:
     (first,) = pass_through(pg_db, event_id)
     with pg_db.transaction() as session:
         stored = session.get_one(deliveries.StoredEvent, event_id)
-        endpoint = session.get_one(Endpoint, endpoint_id)
-        deliveries.create_deliveries(session, stored, [endpoint])
+        row = fanout.pending(tenant, event_id, stored.event_type, endpoint_id, utcnow())
+        fanout.create_deliveries(session, [row])
         deliveries.replay(session, tenant, first)
 
     # When reconciled, Then the pair is a duplicate_delivery, and only that
@@ -354,7 +355,7 @@ def test_a_delivery_not_succeeded_is_a_discrepancy_only_when_required(pg_db: Dat
     set_deliveries(pg_db, retrying, RETRYING)
     pass_through(pg_db, emit(pg_db, tenant, events.ACCOUNT_DESTINATION_UPDATED))
     with pg_db.transaction() as session:
-        endpoints.set_status(session.get_one(Endpoint, later_disabled), DISABLED)
+        webhook_endpoints.set_status(session.get_one(Endpoint, later_disabled), DISABLED)
 
     # When reconciled without requiring delivery, Then it is only counted
     relaxed = run(pg_db, tenant)

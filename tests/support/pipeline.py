@@ -28,14 +28,17 @@ import sqlalchemy as sa
 
 from services.core import outbox
 from services.core.relay import start_relay_thread
-from services.notifier import endpoints as endpoint_domain
-from services.notifier.actors import DeliveryTuning
+from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.config import NotifierConfig
-from services.notifier.consumer import run_consumer
 from services.notifier.context import NotifierContext
-from services.notifier.engine import Engine, EngineSettings, build_engine, start_worker
+from services.notifier.delivery_engine import (
+    DeliveryEngine,
+    EngineSettings,
+    build_engine,
+    start_worker,
+)
 from services.notifier.models import Attempt, Delivery, Endpoint
-from services.notifier.sweeper import run_sweeper
+from services.notifier.retry_policy import DeliveryTuning
 from shared import components, migrate
 from shared.bus import BusNames, EventPublisher, RabbitPublisher
 from shared.db import Database
@@ -111,7 +114,7 @@ class Pipeline:
 
     db: Database
     ctx: NotifierContext
-    engine: Engine
+    engine: DeliveryEngine
     names: BusNames
 
     def endpoint(
@@ -215,7 +218,6 @@ def running_pipeline(
     """
     names = names or BusNames(unique_prefix())
     db = Database(pg_url, pool_size=12)
-    ctx = NotifierContext.build(notifier_config(pg_url, **config), db=db, identity_db=db)
     settings = settings or EngineSettings(
         names=names,
         sweep_interval_s=0.25,
@@ -224,7 +226,8 @@ def running_pipeline(
         tuning=DeliveryTuning(lease_margin_s=0.5),
     )
     settings = replace(settings, names=names)
-    engine = build_engine(ctx, settings)
+    engine = build_engine(notifier_config(pg_url, **config), settings, db=db, identity_db=db)
+    ctx = engine.ctx
     stop = threading.Event()
     threads: list[threading.Thread] = []
     dramatiq_worker = None
@@ -232,7 +235,7 @@ def running_pipeline(
         if consumer:
             ready = threading.Event()
             thread = threading.Thread(
-                target=run_consumer, args=(engine, stop), kwargs={"ready": ready}, daemon=True
+                target=engine.consumer().run, args=(stop,), kwargs={"ready": ready}, daemon=True
             )
             thread.start()
             threads.append(thread)
@@ -240,7 +243,7 @@ def running_pipeline(
         if worker:
             dramatiq_worker = start_worker(engine, threads=ctx.config.worker_threads)
         if sweeper:
-            thread = threading.Thread(target=run_sweeper, args=(engine, stop), daemon=True)
+            thread = threading.Thread(target=engine.sweeper().run, args=(stop,), daemon=True)
             thread.start()
             threads.append(thread)
         if relay:

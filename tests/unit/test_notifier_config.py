@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.notifier.config import NotifierConfig
-from services.notifier.engine import EngineSettings
+from services.notifier.delivery_engine import EngineSettings
 from shared.bus import BusNames
 from shared.settings import SettingsError
 

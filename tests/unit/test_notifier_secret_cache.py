@@ -1,4 +1,4 @@
-"""The worker's per-process cache of decrypted endpoint secrets (services/notifier/actors.py)."""
+"""The worker's per-process cache of decrypted endpoint secrets (notifier/secret_cache.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from services.notifier.actors import SecretCache, _EndpointView
+from services.notifier.delivery_store import Claim
 from services.notifier.models import Endpoint
+from services.notifier.secret_cache import SecretCache
 from services.notifier.secrets import SecretBox, SecretDecryptError
 from shared.db import DriverStatement
 
@@ -26,12 +27,17 @@ class CountingBox(SecretBox):
         return super().decrypt(token)
 
 
-def _view(
-    current: str, previous: str | None = None, expires: datetime | None = None
-) -> _EndpointView:
-    return _EndpointView(
+def _view(current: str, previous: str | None = None, expires: datetime | None = None) -> Claim:
+    return Claim(
+        delivery_id="whd_1",
+        lease_until=NOW,
+        attempt_number=1,
+        event_id="evt_1",
+        event_body="{}",
+        event_created_at=NOW,
+        endpoint_id="we_1",
         url="https://example.com/hook",
-        status="enabled",
+        endpoint_status="enabled",
         deleted_at=None,
         failing_since=None,
         secret_encrypted=current,

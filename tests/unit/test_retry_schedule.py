@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.notifier.actors import EndpointLimiter, retry_delay
+from services.notifier.limiter import EndpointLimiter
+from services.notifier.retry_policy import retry_delay
 
 SCHEDULE = (5.0, 60.0, 300.0)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from flask.views import MethodView
 
-from services.notifier import deliveries, endpoints
+from services.notifier import deliveries, webhook_endpoints
 from services.notifier.api.access import READ, WRITE, tenant_id
 from services.notifier.api.schemas import (
     BAD_KEY,
@@ -50,7 +50,7 @@ class WebhookEndpoints(MethodView):
         now = utcnow()
         # Rows are read inside the session: closing a reader expires them.
         with ctx.db.reader() as session:
-            page = endpoints.list_endpoints(
+            page = webhook_endpoints.list_endpoints(
                 session, tenant_id(), limit=args["limit"], cursor=args["cursor"]
             )
             items = [endpoint_out(e, now) for e in page.items]
@@ -72,7 +72,7 @@ class WebhookEndpoints(MethodView):
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint, secret = endpoints.create_endpoint(
+            endpoint, secret = webhook_endpoints.create_endpoint(
                 session,
                 ctx.secret_box,
                 tenant_id(),
@@ -94,7 +94,7 @@ class WebhookEndpoint(MethodView):
     def get(self, endpointId: str) -> dict[str, Any]:
         """One webhook endpoint (never its secret)."""
         with notifier().db.reader() as session:
-            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId)
+            endpoint = webhook_endpoints.get_endpoint(session, tenant_id(), endpointId)
             return {"webhook_endpoint": endpoint_out(endpoint)}
 
     @auth.requires(blp, WRITE)
@@ -107,8 +107,10 @@ class WebhookEndpoint(MethodView):
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
-            endpoints.update_endpoint(
+            endpoint = webhook_endpoints.get_endpoint(
+                session, tenant_id(), endpointId, for_update=True
+            )
+            webhook_endpoints.update_endpoint(
                 endpoint,
                 name=args.get("name"),
                 url=args.get("url"),
@@ -125,8 +127,10 @@ class WebhookEndpoint(MethodView):
     def delete(self, endpointId: str) -> None:
         """Delete an endpoint: no new deliveries; unfinished ones stop (`endpoint_deleted`)."""
         with notifier().db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
-            endpoints.delete_endpoint(session, endpoint)
+            endpoint = webhook_endpoints.get_endpoint(
+                session, tenant_id(), endpointId, for_update=True
+            )
+            webhook_endpoints.delete_endpoint(session, endpoint)
 
 
 @blp.route("/webhook-endpoints/<endpointId>/rotate-secret")
@@ -144,8 +148,10 @@ class RotateSecret(MethodView):
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
-            endpoint = endpoints.get_endpoint(session, tenant_id(), endpointId, for_update=True)
-            secret = endpoints.rotate_secret(
+            endpoint = webhook_endpoints.get_endpoint(
+                session, tenant_id(), endpointId, for_update=True
+            )
+            secret = webhook_endpoints.rotate_secret(
                 endpoint,
                 ctx.secret_box,
                 previous_expires_in_s=args["previous_secret_expires_in_seconds"],

@@ -9,13 +9,6 @@ from typing import Any
 import marshmallow as ma
 
 from services.notifier.deliveries import MAX_RECOVER_WINDOW
-from services.notifier.endpoints import (
-    DEFAULT_SECRET_OVERLAP_S,
-    ID_PATTERN,
-    MAX_NAME_LENGTH,
-    MAX_SECRET_OVERLAP_S,
-    previous_secret_expires_at,
-)
 from services.notifier.models import (
     DELIVERY_STATUSES,
     DISABLED,
@@ -26,6 +19,13 @@ from services.notifier.models import (
 )
 from services.notifier.sender import BASE_HEADERS
 from services.notifier.urls import MAX_URL_LENGTH
+from services.notifier.webhook_endpoints import (
+    DEFAULT_SECRET_OVERLAP_S,
+    ID_PATTERN,
+    MAX_NAME_LENGTH,
+    MAX_SECRET_OVERLAP_S,
+    previous_secret_expires_at,
+)
 from shared import signing
 from shared.api import ListArgs, Schema, StrictInteger, Timestamp
 from shared.event_catalog import unknown_type_message

@@ -12,7 +12,6 @@ import threading
 import time
 
 from services.notifier.config import NotifierConfig
-from services.notifier.context import NotifierContext
 from services.notifier.metrics import DeliveryQueueCollector
 from shared.metrics import metrics_port, serve_metrics
 from shared.serve import default_workers, serve
@@ -36,13 +35,13 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _engine_context() -> tuple[NotifierConfig, NotifierContext]:
+def _engine_config() -> NotifierConfig:
     config = NotifierConfig.from_env()
     if not config.amqp_url:
         raise SettingsError(
             "this process needs SETTLE_AMQP_URL (`settle dev` runs the engine in-process)"
         )
-    return config, NotifierContext.build(config)
+    return config
 
 
 def notifier_api(args: argparse.Namespace) -> int:
@@ -57,10 +56,11 @@ def notifier_api(args: argparse.Namespace) -> int:
 
 
 def notifier_consume(args: argparse.Namespace) -> int:
-    from services.notifier.engine import EngineSettings, build_engine, run_consume
+    from services.notifier.delivery_engine import EngineSettings, build_engine, run_consume
 
-    config, ctx = _engine_context()
-    engine = build_engine(ctx, EngineSettings.from_env(config))
+    config = _engine_config()
+    engine = build_engine(config, EngineSettings.from_env(config))
+    ctx = engine.ctx
     engine.metrics.registry.register(DeliveryQueueCollector(ctx.db))
     serve_metrics(engine.metrics.registry, metrics_port())
     stop = _stop_on_signals()
@@ -73,11 +73,12 @@ def notifier_consume(args: argparse.Namespace) -> int:
 def notifier_worker(args: argparse.Namespace) -> int:
     if args.processes > 1:
         return _supervise_workers(args.processes, args.threads)
-    from services.notifier.engine import EngineSettings, build_engine, run_worker
+    from services.notifier.delivery_engine import EngineSettings, build_engine, run_worker
 
-    config, ctx = _engine_context()
+    config = _engine_config()
     threads = args.threads or config.worker_threads
-    engine = build_engine(ctx, EngineSettings.from_env(config))
+    engine = build_engine(config, EngineSettings.from_env(config))
+    ctx = engine.ctx
     serve_metrics(engine.metrics.registry, metrics_port())
     stop = _stop_on_signals()
     try:

@@ -85,12 +85,10 @@ def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -
 
 def _lock_tenant(session: Session, tenant_id: str) -> None:
     """Serialize endpoint creation per tenant so the cap holds under concurrency."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-            {"key": f"webhook_endpoints:{tenant_id}"},
-        )
-    # SQLite: writers already queue (BEGIN IMMEDIATE), so nothing to do.
+    session.execute(
+        sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+        {"key": f"webhook_endpoints:{tenant_id}"},
+    )
 
 
 def count_endpoints(session: Session, tenant_id: str) -> int:

@@ -1,0 +1,287 @@
+"""The delivery row's SQL on the worker's hot path: claim, record, put back, stop, streak.
+
+Every statement is compiled once per database and runs on the fast executor
+(`shared.db.Database.driver_autocommit`: psycopg directly, no SQLAlchemy layers per
+statement; see DriverStatement). An attempt makes two round trips: the claim (one
+autocommitted UPDATE ... FROM ... RETURNING that takes the lease and reads the event
+and the endpoint, committed before the HTTP request), then one autocommitted
+statement recording the attempt and the delivery's new state together (a CTE). Only
+when the endpoint's failure streak changes do the record and the streak updates run
+in one explicit transaction.
+
+The lease makes every write after the claim conditional: a write whose lease lapsed
+(another worker took the delivery) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from services.notifier.models import (
+    DISABLED,
+    ENABLED,
+    FAILED,
+    PENDING,
+    RETRYING,
+    Attempt,
+    Delivery,
+    Endpoint,
+    StoredEvent,
+)
+from shared.db import Database, DriverStatement
+
+#: Why an endpoint was disabled by the engine (see webhook_endpoints.DISABLED_MANUAL).
+DISABLED_FAILING = "failing"
+
+Connection = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A delivery this worker holds the lease of, with what its attempt needs.
+
+    The endpoint's columns are read with the claim, in the same statement; the
+    secret columns make it a `webhook_endpoints.SecretFields`. Times are aware
+    (timestamptz, as psycopg reads them).
+    """
+
+    delivery_id: str
+    lease_until: datetime
+    #: This attempt's number (attempts so far + 1).
+    attempt_number: int
+    event_id: str
+    event_body: str
+    event_created_at: datetime
+    endpoint_id: str
+    url: str
+    endpoint_status: str
+    deleted_at: datetime | None
+    failing_since: datetime | None
+    secret_encrypted: str
+    previous_secret_encrypted: str | None
+    previous_secret_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What recording an attempt changed."""
+
+    #: False when the lease had lapsed: another worker's record wins.
+    updated: bool
+    #: The endpoint was disabled by this failure (its streak grew too long).
+    disabled: bool = False
+
+
+def _claim_statement() -> sa.Update:
+    """Take the lease of a due, unfinished, unleased delivery; read all an attempt needs.
+
+    Zero rows means someone else holds it, it is done, or it is not due yet.
+    """
+    now = sa.bindparam("now")
+    return (
+        sa.update(Delivery)
+        .where(
+            Delivery.id == sa.bindparam("delivery_id"),
+            # Not in_(): an expanding IN re-renders the SQL on every execution.
+            sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+            sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
+            sa.or_(
+                Delivery.next_attempt_at.is_(None),
+                Delivery.next_attempt_at <= sa.bindparam("due_by"),
+            ),
+            StoredEvent.id == Delivery.event_id,
+            Endpoint.id == Delivery.endpoint_id,
+        )
+        .values(lease_until=sa.bindparam("lease"))
+        .returning(
+            Delivery.attempt_count,
+            Delivery.event_id,
+            Delivery.endpoint_id,
+            StoredEvent.body,
+            StoredEvent.created_at,
+            Endpoint.url,
+            Endpoint.status,
+            Endpoint.deleted_at,
+            Endpoint.failing_since,
+            Endpoint.secret_encrypted,
+            Endpoint.previous_secret_encrypted,
+            Endpoint.previous_secret_expires_at,
+        )
+    )
+
+
+def _record_statement() -> sa.Update:
+    """The attempt row and the delivery's new state in one statement (a CTE)."""
+    attempt = sa.insert(Attempt).values(
+        delivery_id=sa.bindparam("delivery_id"),
+        number=sa.bindparam("attempt_count"),
+        attempted_at=sa.bindparam("last_attempt_at"),
+        response_status=sa.bindparam("last_response_status"),
+        latency_ms=sa.bindparam("latency_ms"),
+        error=sa.bindparam("last_error"),
+        response_body=sa.bindparam("response_body"),
+        signature_header=sa.bindparam("signature_header"),
+    )
+    return (
+        sa.update(Delivery)
+        .where(
+            Delivery.id == sa.bindparam("delivery_id"),
+            Delivery.lease_until == sa.bindparam("lease"),
+        )
+        .values(
+            attempt_count=sa.bindparam("attempt_count"),
+            status=sa.bindparam("status"),
+            next_attempt_at=sa.bindparam("next_attempt_at"),
+            last_attempt_at=sa.bindparam("last_attempt_at"),
+            last_response_status=sa.bindparam("last_response_status"),
+            last_error=sa.bindparam("last_error"),
+            succeeded_at=sa.bindparam("succeeded_at"),
+            lease_until=None,
+            updated_at=sa.bindparam("updated_at"),
+        )
+        .add_cte(attempt.cte("new_attempt"))
+    )
+
+
+#: Let go of the lease and be due later (the endpoint is saturated here).
+_PUT_BACK = (
+    sa.update(Delivery)
+    .where(
+        Delivery.id == sa.bindparam("delivery_id"), Delivery.lease_until == sa.bindparam("lease")
+    )
+    .values(lease_until=None, next_attempt_at=sa.bindparam("next_attempt_at"))
+)
+#: End the delivery failed, with no attempt (its endpoint was deleted or disabled).
+_STOP = (
+    sa.update(Delivery)
+    .where(
+        Delivery.id == sa.bindparam("delivery_id"), Delivery.lease_until == sa.bindparam("lease")
+    )
+    .values(
+        status=FAILED,
+        next_attempt_at=None,
+        lease_until=None,
+        last_error=sa.bindparam("reason"),
+        updated_at=sa.bindparam("now"),
+    )
+)
+#: The endpoint's failure streak: cleared by a success, started by a failure, and the
+#: endpoint disabled once it has lasted until `cutoff`. Conditional, so the common
+#: case (no change) locks nothing.
+_STREAK_CLEAR = (
+    sa.update(Endpoint)
+    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_not(None))
+    .values(failing_since=None)
+)
+_STREAK_START = (
+    sa.update(Endpoint)
+    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_(None))
+    .values(failing_since=sa.bindparam("now"))
+)
+_STREAK_DISABLE = (
+    sa.update(Endpoint)
+    .where(
+        Endpoint.id == sa.bindparam("endpoint_id"),
+        Endpoint.status == ENABLED,
+        Endpoint.failing_since <= sa.bindparam("cutoff"),
+    )
+    .values(status=DISABLED, disabled_reason=DISABLED_FAILING, updated_at=sa.bindparam("now"))
+)
+
+
+class DeliveryStore:
+    """The hot path's statements, compiled once for `db`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._claim = db.driver_statement(_claim_statement())
+        self._record = db.driver_statement(_record_statement())
+        self._put_back = db.driver_statement(_PUT_BACK)
+        self._stop = db.driver_statement(_STOP)
+        self._streak_clear = db.driver_statement(_STREAK_CLEAR)
+        self._streak_start = db.driver_statement(_STREAK_START)
+        self._streak_disable = db.driver_statement(_STREAK_DISABLE)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """One pooled connection for an attempt, each statement its own transaction."""
+        with self.db.driver_autocommit() as conn:
+            yield conn
+
+    def claim(
+        self,
+        conn: Connection,
+        delivery_id: str,
+        *,
+        now: datetime,
+        lease: datetime,
+        due_by: datetime,
+    ) -> Claim | None:
+        """The lease until `lease` if the delivery is due by `due_by` and nobody holds it."""
+        params = {"delivery_id": delivery_id, "now": now, "due_by": due_by, "lease": lease}
+        row = _run(conn, self._claim, params).fetchone()
+        if row is None:
+            return None
+        attempts, event_id, endpoint_id, body, created_at, *endpoint = row
+        return Claim(
+            delivery_id, lease, attempts + 1, event_id, body, created_at, endpoint_id, *endpoint
+        )
+
+    def record(
+        self,
+        conn: Connection,
+        values: Mapping[str, Any],
+        *,
+        streak: bool,
+        ok: bool,
+        endpoint_id: str,
+        now: datetime,
+        disable_cutoff: datetime,
+    ) -> Recorded:
+        """The attempt and the delivery's new state (`values`: the record statement's binds).
+
+        With `streak`, the endpoint's failure streak too, in the same transaction: a
+        success (`ok`) ends it; a failure starts it, and disables the endpoint when it
+        began at or before `disable_cutoff`.
+        """
+        if not streak:
+            return Recorded(_run(conn, self._record, values).rowcount > 0)
+        binds = {"endpoint_id": endpoint_id, "now": now, "cutoff": disable_cutoff}
+        with conn.transaction():
+            updated = _run(conn, self._record, values).rowcount > 0
+            if ok:
+                _run(conn, self._streak_clear, binds)
+                return Recorded(updated)
+            _run(conn, self._streak_start, binds)
+            disabled = _run(conn, self._streak_disable, binds).rowcount > 0
+        return Recorded(updated, disabled)
+
+    def put_back(self, conn: Connection, claim: Claim, next_attempt_at: datetime) -> None:
+        """Let go of the lease; the delivery is due again at `next_attempt_at`."""
+        params = {
+            "delivery_id": claim.delivery_id,
+            "lease": claim.lease_until,
+            "next_attempt_at": next_attempt_at,
+        }
+        _run(conn, self._put_back, params)
+
+    def stop(self, conn: Connection, claim: Claim, reason: str, now: datetime) -> None:
+        """End the delivery failed with `reason` as its last error, without an attempt."""
+        params = {
+            "delivery_id": claim.delivery_id,
+            "lease": claim.lease_until,
+            "reason": reason,
+            "now": now,
+        }
+        _run(conn, self._stop, params)
+
+
+def _run(conn: Connection, statement: DriverStatement, values: Mapping[str, Any]) -> Any:
+    return conn.execute(statement.sql, statement.bind(values))

@@ -1,0 +1,149 @@
+"""Fan-out: which endpoints get a delivery of an event, and the new delivery itself.
+
+The one rule, used by every path that makes deliveries (the consumer, test sends,
+replays, recoveries) and by `settle reconcile` to say which deliveries must exist:
+
+- an event of type T of tenant X goes to X's endpoints that are **enabled**, **not
+  deleted** and **subscribed to T** (`RECEIVING` + `subscribes`);
+- a delivery asked for by name (test, replay, recover) goes to a live endpoint only
+  if it is enabled: 404 when deleted (or another tenant's), 409 when disabled
+  (`sendable_endpoint`);
+- a new delivery is pending and due now (`pending`), the replay or recovery naming
+  the delivery it repeats.
+
+The consumer's fan-out runs on the fast executor (`shared.db.Database.driver_*`):
+one compiled statement per (tenant, type) of a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from services.notifier.models import ENABLED, PENDING, Delivery, Endpoint
+from services.notifier.webhook_endpoints import get_endpoint
+from shared.db import Database, DriverStatement
+from shared.errors import Conflict
+from shared.ids import new_id
+
+#: The endpoints that receive an event's deliveries (besides subscribing to its type).
+RECEIVING: tuple[sa.ColumnElement[bool], ...] = (
+    Endpoint.status == ENABLED,
+    Endpoint.deleted_at.is_(None),
+)
+
+#: A tenant's receiving endpoints and their types, for `subscriber_ids`.
+_SUBSCRIBERS = (
+    sa.select(Endpoint.id, Endpoint.event_types)
+    .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), *RECEIVING)
+    .order_by(Endpoint.id)
+)
+
+#: Every column of a new delivery (so no Python-side default is needed: see DriverStatement).
+_DELIVERY_COLUMNS = (
+    "id",
+    "tenant_id",
+    "endpoint_id",
+    "event_id",
+    "event_type",
+    "status",
+    "attempt_count",
+    "next_attempt_at",
+    "lease_until",
+    "replay_of",
+    "created_at",
+    "updated_at",
+)
+_INSERT_DELIVERY = sa.insert(Delivery).values(
+    {name: sa.bindparam(name) for name in _DELIVERY_COLUMNS}
+)
+
+
+def subscribes(event_types: Iterable[str] | None, event_type: str) -> bool:
+    """True when an endpoint subscribed to `event_types` wants events of `event_type`."""
+    # A tenant has a few endpoints (capped), so the test runs here rather than in SQL.
+    return event_type in (event_types or ())
+
+
+def subscriber_ids(
+    db: Database, conn: psycopg.Connection[Any], tenant_id: str, event_type: str
+) -> list[str]:
+    """Ids of the tenant's endpoints that get a delivery of an event of `event_type`.
+
+    Runs on `conn`, a driver connection of `db` (`driver_transaction()`), in id order.
+    """
+    statement = _statements(db)["subscribers"]
+    rows = conn.execute(statement.sql, statement.bind({"tenant_id": tenant_id}))
+    return [endpoint_id for endpoint_id, types in rows if subscribes(types, event_type)]
+
+
+def pending(
+    tenant_id: str,
+    event_id: str,
+    event_type: str,
+    endpoint_id: str,
+    now: datetime,
+    *,
+    replay_of: str | None = None,
+) -> dict[str, Any]:
+    """A new delivery's columns: pending, due now; `replay_of` the delivery it repeats."""
+    return {
+        "id": new_id("whd"),
+        "tenant_id": tenant_id,
+        "endpoint_id": endpoint_id,
+        "event_id": event_id,
+        "event_type": event_type,
+        "status": PENDING,
+        "attempt_count": 0,
+        "next_attempt_at": now,
+        "lease_until": None,
+        "replay_of": replay_of,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def insert_deliveries(
+    db: Database, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]
+) -> None:
+    """Write new deliveries (`pending` rows) on a driver connection of `db`, one round trip."""
+    if not rows:
+        return
+    statement = _statements(db)["insert"]
+    with conn.cursor() as cur:
+        cur.executemany(statement.sql, [statement.bind(row) for row in rows])
+
+
+def create_deliveries(session: Session, rows: list[dict[str, Any]]) -> list[Delivery]:
+    """Write new deliveries (`pending` rows) in the session's transaction; the rows as objects.
+
+    The API's paths (test, replay, recover) render what they made, so these are ORM
+    objects; the consumer, which renders nothing, writes with `insert_deliveries`.
+    """
+    made = [Delivery(**row) for row in rows]
+    session.add_all(made)
+    session.flush()
+    return made
+
+
+def sendable_endpoint(session: Session, tenant_id: str, endpoint_id: str) -> Endpoint:
+    """A delivery asked for by name may go to this endpoint: 404 if gone, 409 if disabled."""
+    endpoint = get_endpoint(session, tenant_id, endpoint_id)
+    if endpoint.status != ENABLED:
+        raise Conflict(f"webhook endpoint {endpoint_id} is disabled; enable it first (PATCH)")
+    return endpoint
+
+
+def _statements(db: Database) -> dict[str, DriverStatement]:
+    return db.attachment(
+        "notifier.fanout",
+        lambda d: {
+            "subscribers": d.driver_statement(_SUBSCRIBERS),
+            "insert": d.driver_statement(_INSERT_DELIVERY),
+        },
+    )
