@@ -6,13 +6,12 @@ with HKDF), with this purpose's own salt.
 
 from __future__ import annotations
 
-import hmac
 import secrets
 
 from shared import secretbox
 from shared.secretbox import SecretDecryptError
 
-__all__ = ["PREFIX", "SECRET_BYTES", "SecretBox", "SecretDecryptError", "new_secret", "same_secret"]
+__all__ = ["PREFIX", "SECRET_BYTES", "SecretBox", "SecretDecryptError", "new_secret"]
 
 PREFIX = "whsec_"
 #: Random bytes in a secret (DESIGN.md: at least 32).
@@ -24,10 +23,6 @@ SALT = b"settle-webhook-secrets"
 def new_secret() -> str:
     """`whsec_` + 32 random bytes, URL-safe base64."""
     return PREFIX + secrets.token_urlsafe(SECRET_BYTES)
-
-
-def same_secret(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 class SecretBox(secretbox.SecretBox):
