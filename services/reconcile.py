@@ -10,6 +10,11 @@ one query per table on the other side, so a window of 100k events costs a few hu
 queries, not one per event. Both sides are read from a snapshot (REPEATABLE READ on
 PostgreSQL, core first), so a change committed while the reconcile runs cannot show
 up on one side only. docs/RECONCILE.md explains every kind of discrepancy.
+
+The rules it checks against live beside the code they describe, and are called from
+here: which endpoints must have a delivery (services/notifier/fanout.py), what a pair's
+deliveries say (duplicates, undelivered: services/notifier/deliveries.py), a deposit's
+lifecycle (services/core/deposits/states.py). This module only reads and compares.
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ from services.core.config import CoreConfig
 from services.core.deposits import states
 from services.core.deposits.models import Deposit
 from services.core.models import OutboxEvent
+from services.notifier import deliveries as notifier_deliveries
+from services.notifier import fanout
 from services.notifier.config import NotifierConfig
 from services.notifier.models import (
     DELIVERY_STATUSES,
-    ENABLED,
-    SUCCEEDED,
     Delivery,
     Endpoint,
     StoredEvent,
@@ -352,14 +357,6 @@ def _deposit_of_body(body: str) -> str | None:
     return deposit_id if isinstance(deposit_id, str) else None
 
 
-@dataclass(frozen=True)
-class _EndpointView:
-    id: str
-    event_types: frozenset[str]
-    created_at: datetime
-    updated_at: datetime
-
-
 class _Run:
     """One reconcile: the two snapshot connections, what was learned so far, the report."""
 
@@ -378,8 +375,8 @@ class _Run:
         self.named_deposits: dict[str, tuple[str, str]] = {}
         #: Durable-typed events of the window whose id is not a durable id.
         self.odd_durable: list[tuple[str, str, str]] = []
-        #: Tenant -> its enabled, live endpoints (loaded once per tenant).
-        self.endpoints: dict[str, list[_EndpointView]] = {}
+        #: Tenant -> its endpoints that receive deliveries (loaded once per tenant).
+        self.endpoints: dict[str, list[fanout.Receiver]] = {}
 
     def _tenant_filter(self, column: Any) -> list[Any]:
         tenants = self.report.tenant_ids
@@ -478,26 +475,10 @@ class _Run:
         for tenant_id in missing:
             self.endpoints[tenant_id] = []
         for chunk in _chunks(missing):
-            rows = self.notifier.execute(
-                sa.select(
-                    Endpoint.id,
-                    Endpoint.tenant_id,
-                    Endpoint.event_types,
-                    Endpoint.created_at,
-                    Endpoint.updated_at,
-                ).where(
-                    _one_of(Endpoint.tenant_id, chunk),
-                    Endpoint.status == ENABLED,
-                    Endpoint.deleted_at.is_(None),
-                )
-            )
+            rows = self.notifier.execute(fanout.receivers(_one_of(Endpoint.tenant_id, chunk)))
             for row in rows:
                 self.counts.endpoints_checked += 1
-                self.endpoints[row.tenant_id].append(
-                    _EndpointView(
-                        row.id, frozenset(row.event_types or ()), row.created_at, row.updated_at
-                    )
-                )
+                self.endpoints[row.tenant_id].append(fanout.receiver(row))
 
     def _check_deliveries(self, present: Sequence[sa.Row[Any]]) -> None:
         if not present:
@@ -528,19 +509,13 @@ class _Run:
     def _expect_deliveries(
         self, event: sa.Row[Any], pairs: dict[tuple[str, str], list[sa.Row[Any]]]
     ) -> None:
-        """Every live endpoint subscribed before the event (and unchanged since) got one.
-
-        Endpoints keep no history, so today's state stands for the state at fan-out
-        only when the endpoint was not touched after the event: created or changed in
-        the same millisecond or later, it is not counted (its state then is unknown).
-        """
+        """Every endpoint that must have received the event (fanout.must_receive) did."""
         for endpoint in self.endpoints[event.tenant_id]:
-            if event.event_type not in endpoint.event_types:
-                continue
-            if endpoint.created_at >= event.created_at:
-                continue
-            if endpoint.updated_at >= event.created_at:
+            must = fanout.must_receive(endpoint, event.event_type, event.created_at)
+            if must is None:
                 self.counts.pairs_unverifiable += 1
+                continue
+            if not must:
                 continue
             self.counts.pairs_checked += 1
             if (event.event_id, endpoint.id) not in pairs:
@@ -556,8 +531,8 @@ class _Run:
         self, event_id: str, endpoint_id: str, tenant_id: str, deliveries: list[sa.Row[Any]]
     ) -> None:
         subject = f"{event_id} -> {endpoint_id}"
-        originals = sorted(d.id for d in deliveries if d.replay_of is None)
-        if len(originals) > 1:
+        originals = notifier_deliveries.duplicate_originals(deliveries)
+        if originals:
             self.report.add(
                 DUPLICATE_DELIVERY,
                 subject,
@@ -565,11 +540,11 @@ class _Run:
                 f"{len(originals)} deliveries that are not replays: {', '.join(originals)}",
             )
         live = {e.id for e in self.endpoints.get(tenant_id, ())}
-        if endpoint_id not in live or any(d.status == SUCCEEDED for d in deliveries):
+        if endpoint_id not in live:
             return
-        latest = max(deliveries, key=lambda d: (d.created_at, d.id))
-        if latest.created_at >= self.cutoff:
-            return  # still within its settle time
+        latest = notifier_deliveries.undelivered(deliveries, self.cutoff)
+        if latest is None:
+            return  # succeeded, or still within its settle time
         self.counts.undelivered[latest.status] = self.counts.undelivered.get(latest.status, 0) + 1
         if self.report.require_delivered:
             self.report.add(

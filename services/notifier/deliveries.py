@@ -8,9 +8,10 @@ core, a tenant asked for a test, a replay or a recovery.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -228,6 +229,39 @@ def recover(
         for o in latest.values()
     ]
     return fanout.create_deliveries(session, made)
+
+
+# -- what a pair's deliveries say (settle reconcile) ---------------------------------
+
+
+class DeliveryFacts(Protocol):
+    """The columns of a delivery the rules below read (an ORM row or a Core row)."""
+
+    id: str
+    status: str
+    replay_of: str | None
+    created_at: datetime
+
+
+def duplicate_originals(pair: Sequence[DeliveryFacts]) -> list[str]:
+    """Ids of one (event, endpoint) pair's deliveries that are not replays, if more than one.
+
+    Fan-out makes one delivery per pair; replays and recoveries name the delivery they
+    repeat. Two originals mean the receiver got (or gets) the event twice. Sorted.
+    """
+    originals = sorted(d.id for d in pair if d.replay_of is None)
+    return originals if len(originals) > 1 else []
+
+
+def undelivered(pair: Sequence[DeliveryFacts], made_before: datetime) -> DeliveryFacts | None:
+    """The pair's latest delivery when none succeeded and it was made before `made_before`.
+
+    None when one succeeded, or when the latest is younger (still being tried).
+    """
+    if not pair or any(d.status == SUCCEEDED for d in pair):
+        return None
+    latest = max(pair, key=lambda d: (d.created_at, d.id))
+    return latest if latest.created_at < made_before else None
 
 
 # -- reading ------------------------------------------------------------------------

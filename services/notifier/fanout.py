@@ -9,7 +9,9 @@ replays, recoveries) and by `settle reconcile` to say which deliveries must exis
   if it is enabled: 404 when deleted (or another tenant's), 409 when disabled
   (`sendable_endpoint`);
 - a new delivery is pending and due now (`pending`), the replay or recovery naming
-  the delivery it repeats.
+  the delivery it repeats;
+- after the fact (`settle reconcile`), which endpoints must have received an event
+  (`receivers`, `must_receive`).
 
 The consumer's fan-out runs on the fast executor (`shared.db.Database.driver_*`):
 one compiled statement per (tenant, type) of a batch.
@@ -18,6 +20,7 @@ one compiled statement per (tenant, type) of a batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -137,6 +140,52 @@ def sendable_endpoint(session: Session, tenant_id: str, endpoint_id: str) -> End
     if endpoint.status != ENABLED:
         raise Conflict(f"webhook endpoint {endpoint_id} is disabled; enable it first (PATCH)")
     return endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Receiver:
+    """An endpoint that receives deliveries today, and when it was made and last changed."""
+
+    id: str
+    tenant_id: str
+    event_types: frozenset[str]
+    created_at: datetime
+    updated_at: datetime
+
+
+def receivers(*where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """The query of the endpoints that receive deliveries (and `where`), as `Receiver` columns."""
+    return sa.select(
+        Endpoint.id,
+        Endpoint.tenant_id,
+        Endpoint.event_types,
+        Endpoint.created_at,
+        Endpoint.updated_at,
+    ).where(*RECEIVING, *where)
+
+
+def receiver(row: Any) -> Receiver:
+    """A `Receiver` from a row of `receivers()`."""
+    return Receiver(
+        row.id, row.tenant_id, frozenset(row.event_types or ()), row.created_at, row.updated_at
+    )
+
+
+def must_receive(endpoint: Receiver, event_type: str, event_created_at: datetime) -> bool | None:
+    """Must `endpoint` have a delivery of an event made at `event_created_at`? None: unknown.
+
+    Endpoints keep no history, so today's state stands for the state at fan-out only
+    when the endpoint was not touched after the event: one created at the event's
+    millisecond or later need not have it; one changed then or later (PATCH, rotation,
+    disable/enable) may have been different at fan-out, so it cannot be said.
+    """
+    if not subscribes(endpoint.event_types, event_type):
+        return False
+    if endpoint.created_at >= event_created_at:
+        return False
+    if endpoint.updated_at >= event_created_at:
+        return None
+    return True
 
 
 def _statements(db: Database) -> dict[str, DriverStatement]:
