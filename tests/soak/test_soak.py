@@ -45,11 +45,20 @@ from services.reconcile import reconcile
 from shared import events, signing
 from shared.bus import BusNames
 from shared.db import Database
+from shared.identity import service as identity
 from shared.timefmt import iso_ms, utcnow
-from tests.conftest import TenantKeys, core_config, make_tenant
+from tests.conftest import PASSWORD, TenantKeys, core_config, make_tenant
 from tests.support import keys
+from tests.support.hostile import HostileClients, sign_in
 from tests.support.pipeline import delete_bus, isolated_database, notifier_config, unique_prefix
-from tests.support.processes import ROOT, SettleProcess, SettleProcesses, settle_argv
+from tests.support.processes import (
+    ROOT,
+    Api,
+    SettleProcess,
+    SettleProcesses,
+    settle_argv,
+    start_api,
+)
 from tests.support.receiver import Answer, Hit, Receiver
 from tests.support.services import AMQP_URL, require_service
 
@@ -236,6 +245,7 @@ class Soak:
         self.tenants: list[TenantRun] = []
         self.workers: list[SettleProcess] = []
         self.consumer: SettleProcess | None = None
+        self.member = ""
 
     # -- processes -------------------------------------------------------------------
 
@@ -265,6 +275,39 @@ class Soak:
         """A process that died by itself is a bug: the supervisor would hide it."""
         for process in self.procs.processes:
             assert process.running, f"{process.name} exited:\n{process.output()[-3000:]}"
+
+    def start_hostile_clients(self) -> tuple[HostileClients, dict[str, tuple[Api, set[int]]]]:
+        """`settle core api` and `settle notifier api` (one gunicorn worker each) under attack."""
+        apis = {
+            "core": start_api(self.procs, "core", "/v1/status"),
+            "notifier": start_api(self.procs, "notifier", "/v1/notifier/status"),
+        }
+        self.member = f"member-{uuid.uuid4().hex[:8]}@example.com"
+        with self.db.transaction() as session:
+            identity.add_member(
+                session, self.tenants[0].keys.tenant_id, self.member, "viewer", PASSWORD
+            )
+        # The member has signed in from their usual address (127.0.0.1) before
+        assert sign_in(apis["core"].port, self.member, PASSWORD) == (200, "None")
+        hostile = HostileClients(
+            apis["core"].port, apis["notifier"].port, self.tenants[0].keys.api_key, self.member
+        ).start()
+        return hostile, {name: (api, api.workers()) for name, api in apis.items()}
+
+    def check_hostile_clients(
+        self, hostile: HostileClients, apis: dict[str, tuple[Api, set[int]]]
+    ) -> None:
+        """Every hostile request got its 4xx, no API worker died, the member still signs in."""
+        hostile.stop()
+        assert hostile.problems() == []
+        assert hostile.count("nested") > 20 and hostile.count("sign-in", 429) > 20
+        for name, (api, workers) in apis.items():
+            assert api.workers() == workers, f"a {name} API worker died and was replaced"
+        # (the flood came from addresses of its own; the member signs in from theirs)
+        assert sign_in(apis["core"][0].port, self.member, PASSWORD) == (200, "None")
+        self.tally.faults["hostile: nested JSON bodies"] = hostile.count("nested")
+        self.tally.faults["hostile: wrong sign-ins"] = hostile.count("sign-in")
+        self.tally.faults["hostile: sign-ins throttled (429)"] = hostile.count("sign-in", 429)
 
     # -- tenants ---------------------------------------------------------------------
 
@@ -436,6 +479,9 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
                 soak.open_account(run)
             # And the production processes: core worker, consumer, two notifier workers
             soak.start()
+            # And hostile clients against core's and the notifier's API processes the whole
+            # time: nested JSON bodies, and a sign-in flood guessing a member's password
+            hostile, apis = soak.start_hostile_clients()
             flaky = {p: p.rsplit("/", 1)[1] for run in soak.tenants for p in run.paths}
             faults = {
                 "fail": Answer.fail(500),
@@ -484,6 +530,7 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
             for task in background:
                 task.join(RABBIT_CMD_TIMEOUT_S * 3)
             driven_s = time.monotonic() - started
+            soak.check_hostile_clients(hostile, apis)
 
             # Then everything settles: deposits final, events stored, deliveries succeeded
             wait_for(soak.pending, QUIET_TIMEOUT_S, "deposits, outbox, deliveries")
