@@ -61,7 +61,7 @@ def upgrade() -> None:
         sa.Column("url", sa.String(length=2048), nullable=False),
         sa.Column(
             "event_types",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            postgresql.JSONB(astext_type=sa.Text()),
             nullable=False,
         ),
         sa.Column("status", sa.String(length=20), nullable=False),
@@ -123,12 +123,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "webhook_attempts",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
+        sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
         sa.Column("delivery_id", sa.String(length=40), nullable=False),
         sa.Column("number", sa.Integer(), nullable=False),
         sa.Column("attempted_at", shared.db.UTCDateTime(timezone=True), nullable=False),
@@ -142,7 +137,6 @@ def upgrade() -> None:
             ["webhook_deliveries.id"],
         ),
         sa.PrimaryKeyConstraint("id"),
-        sqlite_autoincrement=True,
     )
     op.create_index(
         "ix_attempts_delivery", "webhook_attempts", ["delivery_id", "number"], unique=False
