@@ -29,7 +29,7 @@ from services.notifier.models import (
     StoredEvent,
 )
 from services.notifier.webhook_endpoints import is_plausible_id
-from shared import events
+from shared import event_catalog, events
 from shared.api import Page, field_error, keyset_page
 from shared.db import Database
 from shared.errors import Conflict, NotFound
@@ -133,17 +133,25 @@ def insert_events(
 
 
 def send_test(
-    session: Session, tenant_id: str, endpoint_id: str, now: datetime | None = None
+    session: Session,
+    tenant_id: str,
+    endpoint_id: str,
+    now: datetime | None = None,
+    *,
+    example_of: str | None = None,
 ) -> Delivery:
-    """A `webhook.test` event and one delivery of it to this endpoint alone."""
+    """A `webhook.test` event and one delivery of it to this endpoint alone.
+
+    With `example_of` (a catalog type), the event is the catalog's example `data` of
+    that type instead, under a fresh id: never the example's, nor a durable
+    `evt_dep_...` id a receiver may already have seen.
+    """
     endpoint = fanout.sendable_endpoint(session, tenant_id, endpoint_id)
     now = now or utcnow()
-    envelope = events.envelope(
-        events.WEBHOOK_TEST,
-        tenant_id,
-        {"endpointId": endpoint.id, "message": TEST_MESSAGE},
-        created_at=now,
-    )
+    event_type, data = events.WEBHOOK_TEST, {"endpointId": endpoint.id, "message": TEST_MESSAGE}
+    if example_of is not None and example_of != events.WEBHOOK_TEST:
+        event_type, data = example_of, event_catalog.get(example_of).example["data"]
+    envelope = events.envelope(event_type, tenant_id, data, created_at=now)
     event = store_event(session, events.encode(envelope), now=now)
     assert event is not None  # a fresh ULID id cannot collide
     row = fanout.pending(tenant_id, event.id, event.event_type, endpoint.id, now)

@@ -7,6 +7,7 @@ proven against the same back-end tenants use.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any
@@ -32,6 +33,13 @@ MEMBER_NAV = [
 ]
 ADMIN_NAV = [*MEMBER_NAV, "API keys", "Members"]
 LINK_NAV = ["Endpoints", "Deliveries", "Event catalog"]
+#: USDC on Base to a plain wallet.
+DESTINATION = {
+    "chainId": 8453,
+    "address": "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+    "tokenAddress": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+}
+NEW_WALLET = "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359"
 
 
 def nav_items(page: Any) -> list[str]:
@@ -212,6 +220,26 @@ def test_disable_enable_and_delete_an_endpoint(
     assert gone.status_code == 404
 
 
+def test_edit_an_endpoints_event_types(page: Any, portal: Portal, receiver: Receiver) -> None:
+    endpoint_id = make_endpoint(portal, receiver.url("/edit"))["webhookEndpoint"]["id"]
+    sign_in(page, portal, "developer")
+    page.goto("/portal/#/endpoints")
+    page.get_by_role("table", name="Webhook endpoints, newest first").wait_for()
+    loaded(page)
+    screenshot(page, "endpoints")
+    page.goto(f"/portal/#/endpoints/{endpoint_id}")
+    # When the developer subscribes it to deposit.credited instead of webhook.test
+    edit = page.get_by_role("form", name="Edit endpoint")
+    edit.get_by_label("deposit.credited", exact=True).check()
+    edit.get_by_label("webhook.test", exact=True).uncheck()
+    edit.get_by_role("button", name="Save changes").click()
+    page.get_by_role("status").filter(has_text="Endpoint saved").wait_for()
+    # Then the API has the new types, and the page shows them
+    path = f"/v1/webhook-endpoints/{endpoint_id}"
+    assert portal.call("GET", path)["webhookEndpoint"]["eventTypes"] == ["deposit.credited"]
+    page.get_by_role("definition").filter(has_text=re.compile(r"^deposit\.credited$")).wait_for()
+
+
 # -- deposits -----------------------------------------------------------------------
 
 
@@ -300,6 +328,28 @@ def test_a_sandbox_deposit_appears_with_its_timeline(
     screenshot(page, "account")
 
 
+def test_change_an_accounts_destination(page: Any, portal: Portal) -> None:
+    user = f"dest-{uuid.uuid4().hex[:8]}"
+    portal.call(
+        "POST", "/v1/deposit-accounts", {"externalUserId": user, "destination": DESTINATION}
+    )
+    sign_in(page, portal, "developer")
+    page.goto(f"/portal/#/accounts/{user}")
+    # When the developer moves its destination to a wallet on Polygon
+    change = page.get_by_role("form", name="Change destination")
+    change.get_by_label("Chain").select_option("137")
+    change.get_by_label("Wallet address").fill(NEW_WALLET)
+    change.get_by_role("button", name="Change destination").click()
+    page.get_by_role("status").filter(has_text="Destination changed").wait_for()
+    # Then the account's destination is the new one (the chain's token, as offered)
+    account = portal.call("GET", f"/v1/deposit-accounts/{user}")["depositAccount"]
+    assert account["destination"]["chainId"] == 137
+    assert account["destination"]["address"] == NEW_WALLET
+    polygon = next(c for c in portal.call("GET", "/v1/chains")["chains"] if c["chainId"] == 137)
+    tokens = [a["tokenAddress"] for a in polygon["assets"]]
+    assert account["destination"]["tokenAddress"] == tokens[0]
+
+
 # -- deliveries ---------------------------------------------------------------------
 
 
@@ -351,11 +401,6 @@ def test_a_failing_delivery_shows_its_attempts_and_replay_makes_it_succeed(
     assert done["replayOf"] == delivery["id"] and done["eventId"] == delivery["eventId"]
     page.reload()
     page.get_by_text("succeeded").first.wait_for()
-    # And the overview shows the endpoint's health with its last failure
-    page.locator("#nav").get_by_role("link", name="Overview").click()
-    page.get_by_role("heading", name="Overview").wait_for()
-    loaded(page)
-    screenshot(page, "overview")
 
 
 def test_lists_page_with_cursors_and_sort_by_time(
@@ -391,6 +436,101 @@ def test_lists_page_with_cursors_and_sort_by_time(
     assert ids() == [made[1], made[2]]
 
 
+def test_recover_a_window_sends_the_failed_deliveries_again(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint whose receiver failed every attempt of a delivery
+    receiver.script("/recover", Answer.fail(503, b"down for maintenance"))
+    endpoint_id = make_endpoint(portal, receiver.url("/recover"))["webhookEndpoint"]["id"]
+    failed = portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")["webhookDelivery"]
+    portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries/{failed['id']}",
+        lambda b: b["webhookDelivery"]["status"] == "failed",
+    )
+    # When the receiver is back and a developer recovers the last hour from the endpoint page
+    receiver.script("/recover", Answer.ok())
+    sign_in(page, portal, "developer")
+    page.goto(f"/portal/#/endpoints/{endpoint_id}")
+    an_hour_ago = page.evaluate(
+        """(() => { const d = new Date(Date.now() - 3600e3);
+                    d.setMinutes(d.getMinutes() - d.getTimezoneOffset());
+                    return d.toISOString().slice(0, 16); })()"""
+    )
+    recover = page.get_by_role("form", name="Recover")
+    recover.get_by_label("From").fill(an_hour_ago)
+    recover.get_by_role("button", name="Recover").click()
+    page.get_by_role("status").filter(has_text="1 delivery sent again.").wait_for()
+    # Then the same event is delivered again, and succeeds
+    listed = portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries?eventId={failed['eventId']}",
+        lambda b: any(d["status"] == "succeeded" for d in b["webhookDeliveries"]),
+    )["webhookDeliveries"]
+    assert len(listed) == 2
+    assert receiver.wait_for(lambda r: len(r.hits("/recover")) == 4, timeout=20)
+
+
+def test_the_overview_shows_health_attention_and_recent_deposits(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint that fails, one that works, one disabled, and a deposit in review
+    receiver.script("/down", Answer.fail(500, b"overview down"))
+    down = make_endpoint(portal, receiver.url("/down"))["webhookEndpoint"]
+    up = make_endpoint(portal, receiver.url("/up"))["webhookEndpoint"]
+    off = make_endpoint(portal, receiver.url("/off"))["webhookEndpoint"]
+    portal.call("PATCH", f"/v1/webhook-endpoints/{off['id']}", {"status": "disabled"})
+    for endpoint, status in ((down, "failed"), (up, "succeeded")):
+        made = portal.call("POST", f"/v1/webhook-endpoints/{endpoint['id']}/test")
+        portal.wait_for(
+            "GET",
+            f"/v1/webhook-deliveries/{made['webhookDelivery']['id']}",
+            lambda b, status=status: b["webhookDelivery"]["status"] == status,
+        )
+    account = portal.call(
+        "POST",
+        "/v1/deposit-accounts",
+        {"externalUserId": f"review-{uuid.uuid4().hex[:8]}", "destination": DESTINATION},
+    )["depositAccount"]
+    address = next(a for a in account["depositAddresses"] if a["chainId"] == 137)
+    deposit = portal.call(
+        "POST",
+        "/v1/sandbox/deposits",
+        {
+            "depositAddress": address["address"],
+            "chainId": 137,
+            "asset": "USDC",
+            "amount": "42.00",
+            "outcome": "manual_review",
+        },
+    )["deposit"]
+    portal.wait_for(
+        "GET",
+        f"/v1/deposits/{deposit['id']}",
+        lambda b: b["deposit"]["status"] == "manual_review_required",
+    )
+    # When a viewer opens the overview
+    sign_in(page, portal, "viewer")
+    # Then each endpoint's health shows its success rate and last failure
+    health = page.get_by_role("table", name="Delivery health per endpoint")
+    down_row = health.get_by_role("row").filter(has_text=down["name"])
+    assert "0%" in down_row.inner_text()
+    assert down_row.locator("time").count() == 1  # the last failure, with its time
+    assert "100%" in health.get_by_role("row").filter(has_text=up["name"]).inner_text()
+    assert "disabled" in health.get_by_role("row").filter(has_text=off["name"]).inner_text()
+    # And what needs attention: the disabled endpoint and the deposits in review
+    attention = page.get_by_role("region", name="Needs attention")
+    assert f"Endpoint {off['name']} is disabled" in attention.inner_text()
+    attention.get_by_role("link", name=re.compile("deposits in manual review")).wait_for()
+    # And the recent deposits, the new one first
+    recent = page.get_by_role("table", name="Recent deposits")
+    assert deposit["id"] in recent.get_by_role("row").nth(1).inner_text()
+    screenshot(page, "overview")
+    # And the attention link opens the deposits in review
+    attention.get_by_role("link", name=re.compile("deposits in manual review")).click()
+    page.get_by_role("row").filter(has_text=deposit["id"]).wait_for()
+
+
 def test_times_are_in_the_viewers_zone_with_utc_on_hover(browser: Any, portal: Portal) -> None:
     context = browser.new_context(base_url=portal.base, timezone_id="Asia/Tokyo", locale="en-GB")
     try:
@@ -424,6 +564,33 @@ def test_the_catalog_lists_every_type(page: Any, portal: Portal) -> None:
     for name in names:
         assert page.get_by_role("heading", name=name, exact=True).count() == 1, name
     screenshot(page, "events")
+
+
+def test_send_an_example_of_a_type_from_the_catalog(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint (subscribed to webhook.test only) and its secret
+    made = make_endpoint(portal, receiver.url("/example"))
+    endpoint, secret = made["webhookEndpoint"], made["secret"]
+    sign_in(page, portal, "developer")
+    page.goto("/portal/#/events")
+    # When the developer sends an example of deposit.credited to it
+    send = page.get_by_role("form", name="Send an example of deposit.credited")
+    send.get_by_label("Endpoint").select_option(endpoint["id"])
+    send.get_by_role("button", name="Send example").click()
+    page.wait_for_url(re.compile(r"#/deliveries/whd_"))
+    # Then the receiver gets a signed deposit.credited with the catalog's example data,
+    # under a fresh event id
+    hit = first_hit(receiver, "/example")
+    signing.verify(secret, hit.headers, hit.body)
+    body = json.loads(hit.body)
+    example = next(
+        t
+        for t in portal.call("GET", "/v1/event-types")["eventTypes"]
+        if t["type"] == "deposit.credited"
+    )["example"]
+    assert body["type"] == "deposit.credited" and body["data"] == example["data"]
+    assert body["id"] != example["id"] and body["tenantId"] == portal.tenant_id
 
 
 # -- access -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from services.notifier.api.schemas import (
     EndpointWithSecretSchema,
     RecoverSchema,
     RotateSecretSchema,
+    SendTestSchema,
     endpoint_out,
 )
 from services.notifier.context import notifier
@@ -164,8 +165,11 @@ class RotateSecret(MethodView):
 class SendTest(MethodView):
     @auth.requires(blp, WRITE)
     @idempotent(NotifierIdempotencyRecord)
+    @blp.arguments(SendTestSchema, required=False)
     @blp.response(200, DeliveryEnvelopeSchema)
-    @blp.alt_response(400, schema=ErrorSchema, description=BAD_KEY)
+    @blp.alt_response(
+        400, schema=ErrorSchema, description=f"invalid_request (an unknown eventType); {BAD_KEY}"
+    )
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
     @blp.alt_response(
         409,
@@ -174,11 +178,14 @@ class SendTest(MethodView):
     )
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     @blp.doc(parameters=[IDEMPOTENCY_KEY_PARAM])
-    def post(self, endpointId: str) -> dict[str, Any]:
-        """Send a `webhook.test` event to this endpoint alone; returns the pending delivery."""
+    def post(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
+        """Send a `webhook.test` event (or the catalog's example of `eventType`) to this
+        endpoint alone; returns the pending delivery."""
         ctx = notifier()
         with ctx.db.transaction() as session:
-            delivery = deliveries.send_test(session, tenant_id(), endpointId)
+            delivery = deliveries.send_test(
+                session, tenant_id(), endpointId, example_of=args["event_type"]
+            )
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}
 

@@ -155,6 +155,18 @@ class RotateSecretSchema(Schema):
     )
 
 
+class SendTestSchema(Schema):
+    event_type = ma.fields.String(
+        load_default=None,
+        validate=_known_event_type,
+        metadata={
+            "enum": list(EVENT_TYPES),
+            "description": "Send the event catalog's example of this type (a fresh event id) "
+            "instead of `webhook.test`, to this endpoint alone, whatever it subscribes to.",
+        },
+    )
+
+
 class RecoverSchema(Schema):
     since = Timestamp(required=True, metadata={"description": "Start of the window (inclusive)."})
     until = Timestamp(

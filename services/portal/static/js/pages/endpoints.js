@@ -185,7 +185,7 @@ async function actions(endpoint) {
   out.append(
     section(
       "Recover a time window",
-      h("p", { class: "muted" }, "Sends again every event whose delivery to this endpoint failed in the window (at most 7 days)."),
+      h("p", { class: "muted" }, "Sends again every event whose delivery to this endpoint failed in the window (at most 30 days)."),
       form("Recover", [field("From", since), field("Until (empty: now)", until)], "Recover", async () => {
         const body = await api("POST", `${path}/recover`, {
           since: localToIso(since.value),
