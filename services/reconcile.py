@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import pairwise
 from typing import Any
 
 import sqlalchemy as sa
@@ -96,13 +95,12 @@ PRINT_LIMIT = 20
 DEFAULT_WINDOW = timedelta(hours=24)
 DEFAULT_SETTLE_S = 60.0
 
-#: Event type -> the deposit status it announces.
-_STATUS_OF_TYPE: dict[str, str] = {t: s for s, t in states.EVENT_TYPES.items()}
 #: Durable deposit event types -> their status (ids `evt_dep_<depositId>_<status>`).
 _DURABLE_TYPES: dict[str, str] = {states.EVENT_TYPES[s]: s for s in events.DURABLE_DEPOSIT_STATUSES}
 #: Deposit event types whose ids are fresh (the deposit is named only in the body).
-_BEST_EFFORT_TYPES: tuple[str, ...] = tuple(t for t in _STATUS_OF_TYPE if t not in _DURABLE_TYPES)
-_DURABLE_PREFIX = "evt_dep_"
+_BEST_EFFORT_TYPES: tuple[str, ...] = tuple(
+    t for t in states.STATUS_OF_EVENT_TYPE if t not in _DURABLE_TYPES
+)
 
 
 @dataclass(frozen=True)
@@ -338,25 +336,6 @@ def _chunks(items: Sequence[str], size: int = CHUNK) -> Iterator[Sequence[str]]:
         yield items[start : start + size]
 
 
-def _durable_deposit_id(event_id: str, status: str) -> str | None:
-    """The deposit named by a durable id `evt_dep_<depositId>_<status>`, else None."""
-    suffix = f"_{status}"
-    if not (event_id.startswith(_DURABLE_PREFIX) and event_id.endswith(suffix)):
-        return None
-    deposit_id = event_id[len(_DURABLE_PREFIX) : -len(suffix)]
-    return deposit_id or None
-
-
-def _deposit_of_body(body: str) -> str | None:
-    """`data.deposit.id` of an envelope, or None."""
-    try:
-        deposit = json.loads(body).get("data", {}).get("deposit", {})
-    except (ValueError, AttributeError):
-        return None
-    deposit_id = deposit.get("id") if isinstance(deposit, dict) else None
-    return deposit_id if isinstance(deposit_id, str) else None
-
-
 class _Run:
     """One reconcile: the two snapshot connections, what was learned so far, the report."""
 
@@ -462,7 +441,7 @@ class _Run:
         status = _DURABLE_TYPES.get(row.event_type)
         if status is None:
             return
-        deposit_id = _durable_deposit_id(row.event_id, status)
+        deposit_id = events.deposit_of_durable_id(row.event_id, status)
         if deposit_id is None:
             self.odd_durable.append((row.event_id, row.event_type, row.tenant_id))
         else:
@@ -595,7 +574,7 @@ class _Run:
                 )
             )
             bodies = {event_id: body for event_id, body in rows}
-            named = {eid: _deposit_of_body(bodies.get(eid, "")) for eid in chunk}
+            named = {eid: events.deposit_of_body(bodies.get(eid, "")) for eid in chunk}
             durable_ids = {
                 eid: events.durable_event_id(dep, _DURABLE_TYPES[by_id[eid][0]])
                 for eid, dep in named.items()
@@ -658,7 +637,7 @@ class _Run:
         paths = self._lifecycle_events(deposits)
         for deposit_id, (tenant_id, status, _) in deposits.items():
             self.counts.deposits_checked += 1
-            problem = _path_problem(status, [s for _, s in sorted(paths.get(deposit_id, []))])
+            problem = states.path_problem(status, [s for _, s in sorted(paths.get(deposit_id, []))])
             if problem is not None:
                 self.report.add(STATUS_MISMATCH, deposit_id, tenant_id, problem)
 
@@ -699,32 +678,10 @@ class _Run:
         )
         for rows in _stream(self.core, query):
             for pk, event_type, body in rows:
-                deposit_id = _deposit_of_body(body)
+                deposit_id = events.deposit_of_body(body)
                 if deposit_id in deposits:
-                    paths[deposit_id].append((pk, _STATUS_OF_TYPE[event_type]))
+                    paths[deposit_id].append((pk, states.STATUS_OF_EVENT_TYPE[event_type]))
         return paths
-
-
-def _path_problem(status: str, path: list[str]) -> str | None:
-    """What is wrong with a deposit whose events, in order, announce `path`; None if fine.
-
-    The path must start at source_seen, follow the lifecycle (services/core/deposits/
-    states.py) step by step and end at the deposit's status.
-    """
-    shown = " > ".join(path) or "none"
-    if not path:
-        return f"status {status} but no lifecycle event at all"
-    problems = []
-    if path[0] != states.SOURCE_SEEN:
-        problems.append(f"first event is {path[0]}, not source_seen")
-    for before, after in pairwise(path):
-        if not states.can_transition(before, after):
-            problems.append(f"{before} -> {after} is not a lifecycle step")
-    if path[-1] != status:
-        problems.append(f"status is {status} but the latest event says {path[-1]}")
-    if not problems:
-        return None
-    return "; ".join(problems) + f" (events: {shown})"
 
 
 # -- command line ----------------------------------------------------------------------

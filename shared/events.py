@@ -52,11 +52,34 @@ DURABLE_DEPOSIT_STATUSES: tuple[str, ...] = (
 )
 
 
+#: Durable deposit event ids are `evt_dep_<depositId>_<status>`.
+DURABLE_ID_PREFIX = "evt_dep_"
+
+
 def durable_event_id(deposit_id: str, status: str) -> str:
     """`evt_dep_<depositId>_<status>` for the durable deposit statuses."""
     if status not in DURABLE_DEPOSIT_STATUSES:
         raise ValueError(f"{status} is not a durable deposit status")
-    return f"evt_dep_{deposit_id}_{status}"
+    return f"{DURABLE_ID_PREFIX}{deposit_id}_{status}"
+
+
+def deposit_of_durable_id(event_id: str, status: str) -> str | None:
+    """The deposit a durable id `evt_dep_<depositId>_<status>` names, else None."""
+    suffix = f"_{status}"
+    if not (event_id.startswith(DURABLE_ID_PREFIX) and event_id.endswith(suffix)):
+        return None
+    deposit_id = event_id[len(DURABLE_ID_PREFIX) : -len(suffix)]
+    return deposit_id or None
+
+
+def deposit_of_body(body: str) -> str | None:
+    """`data.deposit.id` of a serialized envelope, or None (not a deposit event, or unreadable)."""
+    try:
+        deposit = json.loads(body).get("data", {}).get("deposit", {})
+    except (ValueError, AttributeError):
+        return None
+    deposit_id = deposit.get("id") if isinstance(deposit, dict) else None
+    return deposit_id if isinstance(deposit_id, str) else None
 
 
 def new_event_id() -> str:

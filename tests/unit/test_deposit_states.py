@@ -11,6 +11,7 @@ from services.core.amounts import format_amount, token_units
 from services.core.deposits import states
 from services.core.deposits.pricing import StaticPrices, amount_usd, token_amount
 from services.core.deposits.settings import PipelineSettings, parse_inventory, parse_prices
+from shared import events
 from shared.settings import SettingsError
 
 HAPPY_PATH = [
@@ -129,3 +130,30 @@ def test_settings_parse_with_defaults_and_reject_nonsense() -> None:
         parse_prices("WETH")
     with pytest.raises(SettingsError):
         PipelineSettings.from_env({"SETTLE_SANDBOX_BLOCK_S": "-1"})
+
+
+def test_a_sound_path_has_no_problem() -> None:
+    path = [states.SOURCE_SEEN, states.SOURCE_CONFIRMED, states.CREDITED]
+    assert states.path_problem(states.CREDITED, path) is None
+
+
+def test_each_broken_path_says_what_is_wrong() -> None:
+    assert states.path_problem(states.CREDITED, []) == (
+        "status credited but no lifecycle event at all"
+    )
+    skipped = states.path_problem(states.CREDITED, [states.SOURCE_SEEN, states.CREDITED])
+    assert skipped is not None and "source_seen -> credited is not a lifecycle step" in skipped
+    late = states.path_problem(states.FAILED, [states.SOURCE_SEEN])
+    assert late is not None and "latest event says source_seen" in late
+    headless = states.path_problem(states.CREDITED, [states.SOURCE_CONFIRMED, states.CREDITED])
+    assert headless is not None and "not source_seen" in headless
+
+
+def test_durable_ids_name_their_deposit_and_nothing_else_does() -> None:
+    event_id = events.durable_event_id("dep_01ABC", states.CREDITED)
+    assert events.deposit_of_durable_id(event_id, states.CREDITED) == "dep_01ABC"
+    assert events.deposit_of_durable_id(event_id, states.FAILED) is None
+    assert events.deposit_of_durable_id("evt_01XYZ", states.CREDITED) is None
+    assert events.deposit_of_body('{"data": {"deposit": {"id": "dep_1"}}}') == "dep_1"
+    assert events.deposit_of_body('{"data": {"account": {"id": "acc_1"}}}') is None
+    assert events.deposit_of_body("not json") is None

@@ -44,10 +44,6 @@ class Transition:
     event_type: str
 
 
-#: The status each deposit status event announces.
-_STATUS_OF_EVENT = {event_type: status for status, event_type in states.EVENT_TYPES.items()}
-
-
 def timeline_statement(tenant_id: str, deposit_id: str) -> sa.Select[tuple[str, str, datetime]]:
     """The deposit's status events, oldest first, found through `ix_outbox_deposit_id`.
 
@@ -88,7 +84,7 @@ class DepositQueries:
             _tenants(session, tenant_id, deposit_id)
             rows = session.execute(timeline_statement(tenant_id, deposit_id)).all()
         return [
-            Transition(_STATUS_OF_EVENT[event_type], created_at, event_id, event_type)
+            Transition(states.STATUS_OF_EVENT_TYPE[event_type], created_at, event_id, event_type)
             for event_id, event_type, created_at in rows
         ]
 

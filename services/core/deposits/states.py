@@ -11,6 +11,8 @@ credited before its source transfer is confirmed.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from shared import events
 
 SOURCE_SEEN = "source_seen"
@@ -49,6 +51,9 @@ EVENT_TYPES: dict[str, str] = {
     FAILED: events.DEPOSIT_FAILED,
     MANUAL_REVIEW_REQUIRED: events.DEPOSIT_MANUAL_REVIEW_REQUIRED,
 }
+
+#: Event type -> the status it announces.
+STATUS_OF_EVENT_TYPE: dict[str, str] = {t: s for s, t in EVENT_TYPES.items()}
 
 #: Failure reasons the pipeline itself writes (ops may write any text).
 REASON_REORGED = "reorged"
@@ -105,3 +110,25 @@ def event_id(deposit_id: str, status: str) -> str:
     if is_durable(status):
         return events.durable_event_id(deposit_id, status)
     return events.new_event_id()
+
+
+def path_problem(status: str, path: list[str]) -> str | None:
+    """What is wrong with a deposit in `status` whose events, in order, announce `path`.
+
+    None when the path is sound: it starts at source_seen, follows the lifecycle step
+    by step and ends at the deposit's status. (`settle reconcile` asks this.)
+    """
+    shown = " > ".join(path) or "none"
+    if not path:
+        return f"status {status} but no lifecycle event at all"
+    problems = []
+    if path[0] != SOURCE_SEEN:
+        problems.append(f"first event is {path[0]}, not source_seen")
+    for before, after in pairwise(path):
+        if not can_transition(before, after):
+            problems.append(f"{before} -> {after} is not a lifecycle step")
+    if path[-1] != status:
+        problems.append(f"status is {status} but the latest event says {path[-1]}")
+    if not problems:
+        return None
+    return "; ".join(problems) + f" (events: {shown})"
