@@ -47,6 +47,9 @@ ENDPOINT_DISABLED = "endpoint_disabled"
 MAX_ERROR_CHARS = 500
 #: Most times a saturated delivery's backoff doubles.
 MAX_BOUNCES = 16
+#: The error of an attempt whose delivery another worker took over before it was
+#: recorded (its lease lapsed): the POST happened, its answer decided nothing.
+LEASE_LOST = "lease_lost"
 
 
 class Dispatch(Protocol):
@@ -59,7 +62,7 @@ class HttpSender(Protocol):
     """Posts one attempt (sender.Sender)."""
 
     @property
-    def max_duration_s(self) -> float: ...
+    def deadline_s(self) -> float: ...
 
     def send(self, url: str, body: bytes, headers: Any) -> SendResult: ...
 
@@ -108,7 +111,8 @@ class Deliverer:
         self.metrics = metrics
         self.limiter = limiter
         self.tuning = tuning
-        self._lease_s = sender.max_duration_s + tuning.lease_margin_s
+        # The lease outlasts the attempt's deadline (DeliveryTuning checks the margin).
+        self._lease_s = sender.deadline_s + tuning.lease_margin_s
         # Label children looked up once (prometheus_client takes a lock per labels()).
         self._attempts_ok = metrics.attempts.labels("success")
         self._succeeded = metrics.deliveries.labels(SUCCEEDED)
@@ -160,8 +164,10 @@ class Deliverer:
             secrets = self.secrets.signing_secrets(claim, utcnow())
         except SecretDecryptError:
             # A configuration fault, not the receiver's: keep the lease so the sweeper
-            # retries once the key is fixed, and say so loudly.
+            # retries once the key is fixed (no attempt made: the number goes back),
+            # and say so loudly.
             log.error("cannot decrypt the secret of endpoint %s", claim.endpoint_id)
+            self.store.give_back(conn, claim)
             raise
         attempted_at = utcnow()
         # Signed with the attempt's own time, so the API can show the timestamp header
@@ -238,15 +244,20 @@ class Deliverer:
                 claim.endpoint_id,
                 config.disable_after_s,
             )
-        _log_attempt(claim, result, values["status"] if recorded.updated else "lease_lost", delay)
+        _log_attempt(claim, result, values["status"] if recorded.updated else LEASE_LOST, delay)
         if not recorded.updated:
-            # Our lease lapsed and another worker took the delivery: its record wins
-            # for the delivery's state. Our attempt row stays: the POST did happen, and
-            # the attempt log is what support reads to see that it did.
+            # Our lease lapsed and another worker took the delivery over: its record
+            # wins for the delivery's state. Our attempt row stays, marked: the POST
+            # did happen, and the attempt log is what support reads to see that it did.
+            lost = f"{LEASE_LOST}: {error}" if error else LEASE_LOST
+            self.store.mark_lost(conn, claim, lost[:MAX_ERROR_CHARS])
+            self.metrics.lease_lost.inc()
             log.warning(
-                "delivery %s: lease lost before the attempt was recorded", claim.delivery_id
+                "delivery %s: attempt %d lost its lease before it was recorded",
+                claim.delivery_id,
+                claim.attempt_number,
             )
-            return "lease_lost"
+            return LEASE_LOST
         if result.ok:
             self._succeeded.inc()
             self.metrics.end_to_end.observe(

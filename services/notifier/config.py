@@ -24,6 +24,11 @@ from shared.settings import (
 
 #: Retry schedule of DESIGN.md: nine retries over about two days.
 DEFAULT_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,5h,10h,10h,24h"
+#: The lease outlasts an attempt's deadline by at least this: the attempt is recorded
+#: after the deadline, and that takes a round trip to PostgreSQL on a busy machine.
+MIN_LEASE_MARGIN_S = 0.5
+#: Longest attempt deadline accepted (a receiver has 10 s by default).
+MAX_WEBHOOK_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class NotifierConfig:
     retry_schedule: tuple[float, ...] = parse_schedule(DEFAULT_RETRY_SCHEDULE)
     #: Fraction of each retry delay added or removed at random.
     retry_jitter: float = 0.2
+    #: One deadline per attempt: DNS, connect, TLS, send and read together.
     webhook_timeout_s: float = 10.0
     #: Dev only: allow http:// URLs and loopback/private targets.
     allow_private: bool = False
@@ -52,7 +58,7 @@ class NotifierConfig:
     sweep_grace_s: float = 30.0
     #: Most deliveries the sweeper re-sends per round.
     sweep_batch: int = 500
-    #: A worker's lease on a delivery = the sender's longest attempt + this.
+    #: A worker's lease on a delivery = the attempt's deadline + this.
     lease_margin_s: float = 5.0
     #: Consumer prefetch (unacked domain events in flight; it also bounds a batch).
     prefetch: int = 64
@@ -69,6 +75,11 @@ class NotifierConfig:
     @property
     def is_dev(self) -> bool:
         return self.env == "dev"
+
+    @property
+    def lease_s(self) -> float:
+        """How long a worker holds a delivery: always longer than an attempt can take."""
+        return self.webhook_timeout_s + self.lease_margin_s
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NotifierConfig:
@@ -100,7 +111,7 @@ class NotifierConfig:
                 env_str(env, "SETTLE_WEBHOOK_RETRY_SCHEDULE", DEFAULT_RETRY_SCHEDULE)
                 or DEFAULT_RETRY_SCHEDULE
             ),
-            webhook_timeout_s=env_float(env, "SETTLE_WEBHOOK_TIMEOUT_S", 10.0),
+            webhook_timeout_s=_timeout(env),
             allow_private=allow_private,
             disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
             per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
@@ -112,7 +123,7 @@ class NotifierConfig:
             sweep_interval_s=_seconds(env, "SETTLE_WEBHOOK_SWEEP_INTERVAL_S", 5.0, zero_ok=False),
             sweep_grace_s=_seconds(env, "SETTLE_WEBHOOK_SWEEP_GRACE_S", 30.0, zero_ok=True),
             sweep_batch=_count(env, "SETTLE_WEBHOOK_SWEEP_BATCH", 500),
-            lease_margin_s=_seconds(env, "SETTLE_WEBHOOK_LEASE_MARGIN_S", 5.0, zero_ok=True),
+            lease_margin_s=_lease_margin(env),
             prefetch=_count(env, "SETTLE_NOTIFIER_PREFETCH", 64),
             rate_limits=RateLimitConfig.from_env(env),
             core_amqp_user=core_amqp_user or "guest",
@@ -129,6 +140,34 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         bound = "0 or more" if zero_ok else "more than 0"
         raise SettingsError(f"{name} must be a number of seconds, {bound}, got {env.get(name)!r}")
+    return value
+
+
+def _timeout(env: Mapping[str, str]) -> float:
+    """The attempt deadline: more than 0, at most MAX_WEBHOOK_TIMEOUT_S."""
+    name = "SETTLE_WEBHOOK_TIMEOUT_S"
+    value = _seconds(env, name, 10.0, zero_ok=False)
+    if value > MAX_WEBHOOK_TIMEOUT_S:
+        raise SettingsError(
+            f"{name} must be a number of seconds, at most {MAX_WEBHOOK_TIMEOUT_S:.0f}, "
+            f"got {env.get(name)!r}"
+        )
+    return value
+
+
+def _lease_margin(env: Mapping[str, str]) -> float:
+    """At least MIN_LEASE_MARGIN_S, so the lease always outlasts the attempt's deadline.
+
+    Why: a lease that lapses while its attempt is still running lets the sweeper send
+    the same delivery again beside it.
+    """
+    name = "SETTLE_WEBHOOK_LEASE_MARGIN_S"
+    value = _seconds(env, name, 5.0, zero_ok=True)
+    if value < MIN_LEASE_MARGIN_S:
+        raise SettingsError(
+            f"{name} must be a number of seconds, at least {MIN_LEASE_MARGIN_S} (the lease "
+            f"must outlast the attempt's deadline), got {env.get(name)!r}"
+        )
     return value
 
 

@@ -9,8 +9,10 @@ statement recording the attempt and the delivery's new state together (a CTE). O
 when the endpoint's failure streak changes do the record and the streak updates run
 in one explicit transaction.
 
-The lease makes every write after the claim conditional: a write whose lease lapsed
-(another worker took the delivery) changes nothing.
+The claim takes the lease and the next attempt number together; every write after
+it is conditional on that number: once another worker has taken the delivery over
+(after the lease lapsed) the number has moved on and the write changes nothing, but a
+lease that merely lapsed, with nobody taking over, loses nothing.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Claim:
 
     delivery_id: str
     lease_until: datetime
-    #: This attempt's number (attempts so far + 1).
+    #: This attempt's number, taken with the lease (attempts started before + 1).
     attempt_number: int
     event_id: str
     event_body: str
@@ -73,16 +75,19 @@ class Claim:
 class Recorded:
     """What recording an attempt changed."""
 
-    #: False when the lease had lapsed: another worker's record wins.
+    #: False when another worker took the delivery over: its record wins.
     updated: bool
     #: The endpoint was disabled by this failure (its streak grew too long).
     disabled: bool = False
 
 
 def _claim_statement() -> sa.Update:
-    """Take the lease of a due, unfinished, unleased delivery; read all an attempt needs.
+    """Take the lease and the next attempt number of a due, unfinished, unleased delivery;
+    read all an attempt needs.
 
-    Zero rows means someone else holds it, it is done, or it is not due yet.
+    The number is taken with the lease, so an attempt that outlives its lease and the
+    one that takes the delivery over never share a number, and both count toward the
+    retry schedule. Zero rows means someone else holds it, it is done, or it is not due.
     """
     now = sa.bindparam("now")
     return (
@@ -99,7 +104,7 @@ def _claim_statement() -> sa.Update:
             StoredEvent.id == Delivery.event_id,
             Endpoint.id == Delivery.endpoint_id,
         )
-        .values(lease_until=sa.bindparam("lease"))
+        .values(lease_until=sa.bindparam("lease"), attempt_count=Delivery.attempt_count + 1)
         .returning(
             Delivery.attempt_count,
             Delivery.event_id,
@@ -117,6 +122,14 @@ def _claim_statement() -> sa.Update:
     )
 
 
+#: The delivery is still the one this worker claimed: nobody took it over since.
+_STILL_OURS = (
+    Delivery.id == sa.bindparam("delivery_id"),
+    Delivery.attempt_count == sa.bindparam("attempt_count"),
+    sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+)
+
+
 def _record_statement() -> sa.Update:
     """The attempt row and the delivery's new state in one statement (a CTE)."""
     attempt = sa.insert(Attempt).values(
@@ -131,12 +144,8 @@ def _record_statement() -> sa.Update:
     )
     return (
         sa.update(Delivery)
-        .where(
-            Delivery.id == sa.bindparam("delivery_id"),
-            Delivery.lease_until == sa.bindparam("lease"),
-        )
+        .where(*_STILL_OURS)
         .values(
-            attempt_count=sa.bindparam("attempt_count"),
             status=sa.bindparam("status"),
             next_attempt_at=sa.bindparam("next_attempt_at"),
             last_attempt_at=sa.bindparam("last_attempt_at"),
@@ -150,27 +159,41 @@ def _record_statement() -> sa.Update:
     )
 
 
+#: No attempt is made after all: the number taken with the lease goes back.
+_NUMBER_BACK = Delivery.attempt_count - 1
 #: Let go of the lease and be due later (the endpoint is saturated here).
 _PUT_BACK = (
     sa.update(Delivery)
-    .where(
-        Delivery.id == sa.bindparam("delivery_id"), Delivery.lease_until == sa.bindparam("lease")
+    .where(*_STILL_OURS)
+    .values(
+        lease_until=None,
+        next_attempt_at=sa.bindparam("next_attempt_at"),
+        attempt_count=_NUMBER_BACK,
     )
-    .values(lease_until=None, next_attempt_at=sa.bindparam("next_attempt_at"))
 )
+#: Keep the lease but give the number back (the attempt could not be signed).
+_GIVE_BACK = sa.update(Delivery).where(*_STILL_OURS).values(attempt_count=_NUMBER_BACK)
 #: End the delivery failed, with no attempt (its endpoint was deleted or disabled).
 _STOP = (
     sa.update(Delivery)
-    .where(
-        Delivery.id == sa.bindparam("delivery_id"), Delivery.lease_until == sa.bindparam("lease")
-    )
+    .where(*_STILL_OURS)
     .values(
         status=FAILED,
         next_attempt_at=None,
         lease_until=None,
         last_error=sa.bindparam("reason"),
         updated_at=sa.bindparam("now"),
+        attempt_count=_NUMBER_BACK,
     )
+)
+#: Say on an attempt's row that another worker took its delivery over (rare).
+_MARK_LOST = (
+    sa.update(Attempt)
+    .where(
+        Attempt.delivery_id == sa.bindparam("lost_delivery_id"),
+        Attempt.number == sa.bindparam("lost_number"),
+    )
+    .values(error=sa.bindparam("lost_error"))
 )
 #: The endpoint's failure streak: cleared by a success, started by a failure, and the
 #: endpoint disabled once it has lasted until `cutoff`. Conditional, so the common
@@ -204,7 +227,9 @@ class DeliveryStore:
         self._claim = db.driver_statement(_claim_statement())
         self._record = db.driver_statement(_record_statement())
         self._put_back = db.driver_statement(_PUT_BACK)
+        self._give_back = db.driver_statement(_GIVE_BACK)
         self._stop = db.driver_statement(_STOP)
+        self._mark_lost = db.driver_statement(_MARK_LOST)
         self._streak_clear = db.driver_statement(_STREAK_CLEAR)
         self._streak_start = db.driver_statement(_STREAK_START)
         self._streak_disable = db.driver_statement(_STREAK_DISABLE)
@@ -229,10 +254,8 @@ class DeliveryStore:
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
             return None
-        attempts, event_id, endpoint_id, body, created_at, *endpoint = row
-        return Claim(
-            delivery_id, lease, attempts + 1, event_id, body, created_at, endpoint_id, *endpoint
-        )
+        number, event_id, endpoint_id, body, created_at, *endpoint = row
+        return Claim(delivery_id, lease, number, event_id, body, created_at, endpoint_id, *endpoint)
 
     def record(
         self,
@@ -267,16 +290,30 @@ class DeliveryStore:
         """Let go of the lease; the delivery is due again at `next_attempt_at`."""
         params = {
             "delivery_id": claim.delivery_id,
-            "lease": claim.lease_until,
+            "attempt_count": claim.attempt_number,
             "next_attempt_at": next_attempt_at,
         }
         _run(conn, self._put_back, params)
+
+    def give_back(self, conn: Connection, claim: Claim) -> None:
+        """No attempt after all (it could not be signed): keep the lease, return the number."""
+        params = {"delivery_id": claim.delivery_id, "attempt_count": claim.attempt_number}
+        _run(conn, self._give_back, params)
+
+    def mark_lost(self, conn: Connection, claim: Claim, error: str) -> None:
+        """Set `error` on the claim's attempt row (it lost its delivery to another worker)."""
+        params = {
+            "lost_delivery_id": claim.delivery_id,
+            "lost_number": claim.attempt_number,
+            "lost_error": error,
+        }
+        _run(conn, self._mark_lost, params)
 
     def stop(self, conn: Connection, claim: Claim, reason: str, now: datetime) -> None:
         """End the delivery failed with `reason` as its last error, without an attempt."""
         params = {
             "delivery_id": claim.delivery_id,
-            "lease": claim.lease_until,
+            "attempt_count": claim.attempt_number,
             "reason": reason,
             "now": now,
         }

@@ -65,6 +65,11 @@ class NotifierMetrics:
             "Deliveries put back because their endpoint had all its slots busy in this process",
             registry=self.registry,
         )
+        self.lease_lost = Counter(
+            "settle_webhook_attempts_lease_lost",
+            "Attempts whose delivery another worker took over before they were recorded",
+            registry=self.registry,
+        )
         self.swept = Counter(
             "settle_webhook_swept",
             "Due deliveries with no job in flight that the sweeper enqueued again",

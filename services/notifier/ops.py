@@ -26,7 +26,7 @@ from services.notifier.api.schemas import (
 )
 from services.notifier.config import NotifierConfig
 from services.notifier.context import NotifierContext
-from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED
+from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED, PENDING
 from shared.errors import ApiError
 from shared.events import EVENT_TYPES
 from shared.timefmt import parse_iso, utcnow
@@ -114,8 +114,11 @@ def _wait_final(ctx: NotifierContext, tenant: str | None, delivery_id: str, limi
         if state != last:
             sys.stderr.write(f"  {waited:4.0f} s  {state}\n")
             last = state
-        if delivery.attempt_count > 0 or waited >= limit_s:
-            if delivery.attempt_count == 0:
+        # attempt_count is taken when a worker starts an attempt; last_attempt_at is
+        # set when the attempt is recorded.
+        recorded = delivery.last_attempt_at is not None or delivery.status != PENDING
+        if recorded or waited >= limit_s:
+            if not recorded:
                 sys.stderr.write(f"  still not sent after {limit_s:.0f} s; it stays queued\n")
             return delivery
         time.sleep(min(1.0, max(0.05, limit_s - waited)))

@@ -9,18 +9,27 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.notifier.config import MIN_LEASE_MARGIN_S
+
 
 @dataclass(frozen=True)
 class DeliveryTuning:
     """Knobs of the attempt logic beyond NotifierConfig (see delivery_engine.EngineSettings)."""
 
-    #: Added to the HTTP timeout to make the lease: the attempt must be recorded by then.
+    #: Added to the attempt's deadline to make the lease: the attempt is recorded by then.
     lease_margin_s: float = 5.0
     #: A message may claim a delivery due this much later (clock skew, early delayed messages).
     due_slack_s: float = 0.25
     #: First and longest wait before a delivery whose endpoint is saturated is tried again.
     saturated_first_s: float = 0.05
     saturated_max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.lease_margin_s >= MIN_LEASE_MARGIN_S:
+            raise ValueError(
+                f"lease_margin_s must be at least {MIN_LEASE_MARGIN_S} s: the lease must "
+                "outlast the attempt's deadline"
+            )
 
 
 def retry_delay(

@@ -1,4 +1,8 @@
-"""Sending one signed delivery over HTTP: pooled, no redirects, strict timeouts, SSRF-safe.
+"""Sending one signed delivery over HTTP: pooled, no redirects, one deadline, SSRF-safe.
+
+One deadline per attempt (SETTLE_WEBHOOK_TIMEOUT_S) covers the name lookup, the
+connect, the TLS handshake, sending and reading: a receiver (or its name server)
+that answers a byte at a time is cut at the deadline, not at its leisure.
 
 The SSRF guard works on the address actually connected to: each new connection
 resolves the host, drops every loopback, private, link-local, reserved, multicast
@@ -10,11 +14,15 @@ connect (rebinding) cannot send a delivery anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import heapq
 import ipaddress
+import itertools
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,14 +31,15 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NameResolutionError, NewConnectionError
-from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: Bytes of a response body kept in the attempt log.
 RESPONSE_PREFIX_BYTES = 4096
-#: Connecting may take at most this (or the whole timeout, if shorter).
-CONNECT_TIMEOUT_MAX_S = 5.0
+#: The deadline of a connection opened outside Sender.send (none is, today).
+CONNECT_ALONE_S = 10.0
+#: The watchdog's thread exits after this long with nothing to watch.
+IDLE_EXIT_S = 5.0
 #: Sent on every delivery so receivers can tell our requests apart.
 USER_AGENT = "Settle-Webhooks/1"
 #: Headers of every request, before the delivery's own (built once, not per request).
@@ -84,6 +93,7 @@ CONNECTION_REFUSED = "connection_refused"
 CONNECTION_ERROR = "connection_error"
 BLOCKED_ADDRESS = "blocked_address"
 DNS_ERROR = "dns_error"
+DNS_TIMEOUT = "dns_timeout"
 TLS_ERROR = "tls_error"
 INVALID_URL = "invalid_url"
 
@@ -124,68 +134,281 @@ class BlockedAddressError(NewConnectionError):
     """Every address the host resolved to is refused by the SSRF guard."""
 
 
-class _GuardedConnectionMixin:
-    """Resolves, vets and connects to the vetted address itself (see module doc)."""
+class DnsTimeoutError(NewConnectionError):
+    """The name's lookup did not answer before the attempt's deadline."""
 
+
+class DeadlineError(urllib3.exceptions.ConnectTimeoutError):
+    """The attempt's deadline passed before a connection was made."""
+
+
+#: One answer of getaddrinfo: (family, type, proto, canonname, sockaddr).
+AddrInfo = tuple[Any, ...]
+#: A blocking name lookup, as `socket.getaddrinfo(host, port, 0, SOCK_STREAM)`.
+Lookup = Callable[[str, int], Sequence[AddrInfo]]
+
+
+def _system_lookup(host: str, port: int) -> Sequence[AddrInfo]:
+    # socket.getaddrinfo looked up at call time, so a test can swap it.
+    return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+
+
+class _PendingLookup:
+    __slots__ = ("answer", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: Sequence[AddrInfo] = ()
+        self.error: OSError | None = None
+
+
+class Resolver:
+    """Name lookups that an attempt waits for only until its deadline.
+
+    getaddrinfo has no timeout of its own (the C library may wait 30 s and more), so
+    each lookup runs on a daemon thread; a caller waits at most until its deadline
+    and leaves the lookup to finish on its own. Concurrent lookups of one name share
+    one thread, and at most `max_pending` lookups run at once, so a receiver whose
+    name server never answers ties up one thread, not one per attempt. IP literals
+    need no lookup. The answer is vetted by the caller, like any other.
+    """
+
+    def __init__(self, lookup: Lookup | None = None, *, max_pending: int = 256) -> None:
+        self._lookup = lookup or _system_lookup
+        self._max_pending = max_pending
+        self._pending: dict[tuple[str, int], _PendingLookup] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, host: str, port: int, deadline: float) -> Sequence[AddrInfo]:
+        """The addresses of `host`; DnsTimeoutError-worthy `TimeoutError` after `deadline`."""
+        literal = _literal_info(host, port)
+        if literal is not None:
+            return literal
+        key = (host, port)
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None:
+                if len(self._pending) >= self._max_pending:
+                    raise socket.gaierror(socket.EAI_AGAIN, "too many name lookups in flight")
+                pending = self._pending[key] = _PendingLookup()
+                threading.Thread(
+                    target=self._run, args=(key, pending), name="dns-lookup", daemon=True
+                ).start()
+        if not pending.done.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"no answer for {host} before the attempt's deadline")
+        if pending.error is not None:
+            raise pending.error
+        return pending.answer
+
+    def _run(self, key: tuple[str, int], pending: _PendingLookup) -> None:
+        try:
+            pending.answer = list(self._lookup(*key))
+        except OSError as err:
+            pending.error = err
+        except Exception as err:  # a broken lookup must not leave its callers waiting
+            pending.error = socket.gaierror(socket.EAI_FAIL, str(err))
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            pending.done.set()
+
+
+def _literal_info(host: str, port: int) -> list[AddrInfo] | None:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
+    return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+
+
+class _Watch:
+    """One connection watched for one attempt: a duplicate of its socket's descriptor.
+
+    Shutting the duplicate down ends the connection (TCP or TLS alike) and wakes the
+    thread blocked on it, and owning the duplicate means the descriptor number can
+    never be some other connection's by the time the deadline comes.
+    """
+
+    __slots__ = ("active", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        self.active = True
+
+
+class Watchdog:
+    """Cuts the connections of attempts that pass their deadline: one thread, one heap.
+
+    A per-read socket timeout lets a receiver that sends a byte now and then hold an
+    attempt for as long as it likes; this bounds the whole attempt instead. Watching
+    costs a descriptor dup and a heap push; the thread sleeps until the earliest
+    deadline and exits when there is nothing to watch.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Watch]] = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._running = False
+
+    def watch(self, sock: socket.socket, deadline: float) -> _Watch:
+        watch = _Watch(sock)
+        with self._cond:
+            heapq.heappush(self._heap, (deadline, next(self._seq), watch))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="webhook-deadlines", daemon=True).start()
+            elif self._heap[0][2] is watch:
+                self._cond.notify()
+        return watch
+
+    def release(self, watch: _Watch) -> None:
+        with self._cond:
+            watch.active = False
+        watch.sock.close()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and (not self._heap[0][2].active or self._heap[0][0] <= now):
+                    watch = heapq.heappop(self._heap)[2]
+                    if watch.active:
+                        watch.active = False
+                        with contextlib.suppress(OSError):
+                            watch.sock.shutdown(socket.SHUT_RDWR)
+                if not self._heap:
+                    if not self._cond.wait(IDLE_EXIT_S) and not self._heap:
+                        self._running = False
+                        return
+                    continue
+                self._cond.wait(self._heap[0][0] - now)
+
+
+class _Attempt:
+    """The attempt this thread is making: its deadline and the connections it used."""
+
+    __slots__ = ("conns", "deadline", "watchdog", "watches")
+
+    def __init__(self, deadline: float, watchdog: Watchdog) -> None:
+        self.deadline = deadline
+        self.watchdog = watchdog
+        self.watches: list[_Watch] = []
+        self.conns: list[object] = []
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def watch(self, conn: object, sock: socket.socket) -> None:
+        if any(c is conn for c in self.conns):
+            return
+        self.conns.append(conn)
+        self.watches.append(self.watchdog.watch(sock, self.deadline))
+
+    def end(self) -> None:
+        for watch in self.watches:
+            self.watchdog.release(watch)
+
+
+#: The attempt in progress on this thread (urllib3 opens and uses connections on the
+#: calling thread, inside Sender.send).
+_current = threading.local()
+
+
+def _attempt() -> _Attempt | None:
+    attempt: _Attempt | None = getattr(_current, "attempt", None)
+    return attempt
+
+
+@dataclass(frozen=True)
+class _ConnectPolicy:
+    """What a Sender's connections share: the resolver, and whether addresses are vetted."""
+
+    resolver: Resolver
+    vet: bool
+
+
+class _DeadlineConnectionMixin:
+    """Resolves (bounded), vets, connects to the vetted address itself, within the deadline.
+
+    See the module doc for why the address connected to is the one vetted.
+    """
+
+    policy: _ConnectPolicy
     host: str
     port: int
     timeout: Any
+    sock: Any
     source_address: tuple[str, int] | None
     socket_options: Any
 
     def _new_conn(self) -> socket.socket:
+        attempt = _attempt()
+        deadline = attempt.deadline if attempt else time.monotonic() + CONNECT_ALONE_S
         host = self.host.strip("[]")
         try:
-            infos = socket.getaddrinfo(host, self.port, 0, socket.SOCK_STREAM)
+            infos = self.policy.resolver.resolve(host, self.port, deadline)
+        except TimeoutError as err:
+            raise DnsTimeoutError(self, str(err)) from err  # type: ignore[arg-type]
         except socket.gaierror as err:
             raise NameResolutionError(host, self, err) from err  # type: ignore[arg-type]
-        allowed = [info for info in infos if not is_blocked_ip(info[4][0].split("%", 1)[0])]
-        if not allowed:
-            shown = ", ".join(sorted({str(info[4][0]) for info in infos}))
-            raise BlockedAddressError(self, f"{host} resolves only to refused addresses: {shown}")  # type: ignore[arg-type]
+        if self.policy.vet:
+            allowed = [info for info in infos if not is_blocked_ip(info[4][0].split("%", 1)[0])]
+            if not allowed:
+                shown = ", ".join(sorted({str(info[4][0]) for info in infos}))
+                raise BlockedAddressError(
+                    self, f"{host} resolves only to refused addresses: {shown}"
+                )  # type: ignore[arg-type]
+        else:
+            allowed = list(infos)
         last_error: OSError | None = None
         for family, socktype, proto, _name, sockaddr in allowed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineError(self, f"the deadline passed connecting to {host}")
             sock = socket.socket(family, socktype, proto)
             try:
                 for option in self.socket_options or ():
                     sock.setsockopt(*option)
-                if self.timeout is not _DEFAULT_TIMEOUT:
-                    sock.settimeout(self.timeout)
+                sock.settimeout(remaining)
                 sock.connect(sockaddr)
-                return sock
             except OSError as err:
                 sock.close()
                 last_error = err
-        assert last_error is not None
+                continue
+            if attempt is not None:
+                # From here the watchdog bounds the TLS handshake and the exchange.
+                attempt.watch(self, sock)
+            return sock
+        if last_error is None:
+            raise NameResolutionError(host, self, socket.gaierror("no address"))  # type: ignore[arg-type]
         if isinstance(last_error, TimeoutError | socket.timeout):
             raise urllib3.exceptions.ConnectTimeoutError(
                 self, f"connection to {host} timed out"
             ) from last_error
         raise NewConnectionError(self, f"failed to connect: {last_error}") from last_error  # type: ignore[arg-type]
 
-
-class GuardedHTTPConnection(_GuardedConnectionMixin, HTTPConnection):
-    pass
-
-
-class GuardedHTTPSConnection(_GuardedConnectionMixin, HTTPSConnection):
-    pass
-
-
-class GuardedHTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = GuardedHTTPConnection
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        attempt = _attempt()
+        if attempt is not None and self.sock is not None:
+            # A pooled keep-alive connection: watched for this attempt too.
+            attempt.watch(self, self.sock)
+        super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = GuardedHTTPSConnection
+def _pool_manager(policy: _ConnectPolicy, *, num_pools: int, maxsize: int) -> urllib3.PoolManager:
+    """A urllib3 PoolManager whose pools open only deadline-bound connections under `policy`."""
 
+    def pool(base: type[HTTPConnectionPool], conn: type[HTTPConnection]) -> type:
+        bound = type(conn.__name__, (_DeadlineConnectionMixin, conn), {"policy": policy})
+        return type(base.__name__, (base,), {"ConnectionCls": bound})
 
-def guarded_pool_manager(*, num_pools: int, maxsize: int) -> urllib3.PoolManager:
-    """A urllib3 PoolManager whose pools open only guarded connections."""
     manager = urllib3.PoolManager(num_pools=num_pools, maxsize=maxsize, block=False)
     manager.pool_classes_by_scheme = {
-        "http": GuardedHTTPConnectionPool,
-        "https": GuardedHTTPSConnectionPool,
+        "http": pool(HTTPConnectionPool, HTTPConnection),
+        "https": pool(HTTPSConnectionPool, HTTPSConnection),
     }
     return manager
 
@@ -224,8 +447,13 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def _classify(err: BaseException) -> str:
-    """An error code for a request that got no response."""
+def _classify(err: BaseException, attempt: _Attempt | None = None) -> str:
+    """An error code for a request that got no (whole) response."""
+    if isinstance(err, DnsTimeoutError):
+        return DNS_TIMEOUT
+    if attempt is not None and attempt.remaining() <= 0:
+        # Whatever the cut connection raised (EOF, reset), the deadline is what happened.
+        return TIMEOUT
     if isinstance(err, BlockedAddressError):
         return BLOCKED_ADDRESS
     if isinstance(err, NameResolutionError):
@@ -261,57 +489,81 @@ def _classify(err: BaseException) -> str:
 class Sender:
     """POSTs deliveries through one thread-safe urllib3 pool shared by every worker thread.
 
+    Each attempt has one deadline, `timeout_s` from its start, for the name lookup,
+    the connect, the TLS handshake, sending and reading the answer together: the
+    lookup is waited for only until then (Resolver) and the watchdog cuts the
+    connection at the deadline, so no receiver can hold a worker thread longer.
     urllib3 directly (what requests uses underneath) costs a third of the CPU per
     request, keeps no cookies and reads no proxy settings from the environment.
     `allow_private` (dev) turns the SSRF guard off and admits http://; otherwise
     only https:// to public addresses, checked on the address connected to.
     """
 
-    def __init__(self, *, timeout_s: float, allow_private: bool, pool_per_host: int = 16) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        allow_private: bool,
+        pool_per_host: int = 16,
+        resolver: Lookup | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
-        self.connect_timeout_s = min(timeout_s, CONNECT_TIMEOUT_MAX_S)
         self.allow_private = allow_private
-        self._timeout = urllib3.Timeout(connect=self.connect_timeout_s, read=timeout_s)
-        if allow_private:
-            self._pool = urllib3.PoolManager(num_pools=256, maxsize=pool_per_host, block=False)
-        else:
-            self._pool = guarded_pool_manager(num_pools=256, maxsize=pool_per_host)
+        self._timeout = urllib3.Timeout(connect=timeout_s, read=timeout_s)
+        self._watchdog = Watchdog()
+        policy = _ConnectPolicy(Resolver(resolver), vet=not allow_private)
+        self._pool = _pool_manager(policy, num_pools=256, maxsize=pool_per_host)
 
     @property
-    def max_duration_s(self) -> float:
-        """Longest an attempt normally takes: connecting, then waiting for the answer."""
-        return self.connect_timeout_s + self.timeout_s
+    def deadline_s(self) -> float:
+        """The longest an attempt takes, from the lookup to the last byte read."""
+        return self.timeout_s
 
     def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> SendResult:
         """One POST of the exact body bytes; never raises for network or HTTP failures."""
         if not self.allow_private and not url.lower().startswith("https://"):
             return SendResult(None, 0.0, INVALID_URL)
         request_headers = {**BASE_HEADERS, **headers}
-        started = time.perf_counter()
+        started = time.monotonic()
+        attempt = _current.attempt = _Attempt(started + self.timeout_s, self._watchdog)
+        try:
+            return self._send(attempt, url, body, request_headers, started)
+        finally:
+            _current.attempt = None
+            attempt.end()
+
+    def _send(
+        self,
+        attempt: _Attempt,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        started: float,
+    ) -> SendResult:
         try:
             response = self._pool.urlopen(
                 "POST",
                 url,
                 body=body,
-                headers=request_headers,
+                headers=headers,
                 timeout=self._timeout,
                 redirect=False,
                 retries=False,
                 preload_content=False,
             )
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as err:
-            return SendResult(None, _ms_since(started), _classify(err))
+            return SendResult(None, _ms_since(started), _classify(err, attempt))
         try:
             prefix = _read_prefix(response)
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            return SendResult(response.status, _ms_since(started), _classify(err))
+            return SendResult(response.status, _ms_since(started), _classify(err, attempt))
         latency = _ms_since(started)
         status = response.status
         # PostgreSQL text refuses NUL: a receiver answering one must not make the
         # attempt unrecordable (it would then be re-sent every lease, forever).
         text = prefix.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
-        if latency > self.timeout_s * 1000:
-            # Headers came in time but the whole answer did not (a trickling receiver).
+        if attempt.remaining() <= 0:
+            # The answer began in time but did not end in time (cut, or just too slow).
             return SendResult(status, latency, TIMEOUT, text)
         if 200 <= status < 300:
             return SendResult(status, latency, None, text)
@@ -338,4 +590,4 @@ def _read_prefix(response: urllib3.BaseHTTPResponse) -> bytes:
 
 
 def _ms_since(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000.0, 3)
+    return round((time.monotonic() - started) * 1000.0, 3)

@@ -25,11 +25,15 @@ from dataclasses import dataclass, field
 class Answer:
     """What the receiver does with one request."""
 
-    kind: str  # "status", "hang", "close", "redirect"
+    kind: str  # "status", "hang", "close", "redirect", "trickle", "huge"
     status: int = 200
     seconds: float = 0.0
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
+    #: trickle: the status line and headers come byte by byte too.
+    slow_head: bool = False
+    #: huge: the body's length.
+    size: int = 0
 
     @classmethod
     def ok(cls, status: int = 200, body: bytes = b"ok") -> Answer:
@@ -48,6 +52,19 @@ class Answer:
     def close(cls) -> Answer:
         """Drop the connection without any answer."""
         return cls("close")
+
+    @classmethod
+    def trickle(
+        cls, every_s: float, *, headers_too: bool = True, body: bytes = b"ok" * 64
+    ) -> Answer:
+        """A 200 sent one byte every `every_s` seconds: from the status line on, or (with
+        `headers_too=False`) the headers at once and then the body byte by byte."""
+        return cls("trickle", seconds=every_s, body=body, slow_head=headers_too)
+
+    @classmethod
+    def huge(cls, size: int) -> Answer:
+        """A 200 whose body is `size` bytes, sent as fast as the client reads."""
+        return cls("huge", size=size)
 
     @classmethod
     def retry_after(cls, seconds: int, status: int = 429) -> Answer:
@@ -124,6 +141,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if answer.kind == "hang":
             state.record(Hit(path, headers, body, received, None))
             state.closing.wait(answer.seconds)
+        elif answer.kind in ("trickle", "huge"):
+            state.record(Hit(path, headers, body, received, 200))
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                if answer.kind == "trickle":
+                    self._trickle(answer)
+                else:
+                    self._huge(answer.size)
+            return
         else:
             state.record(Hit(path, headers, body, received, answer.status))
         try:
@@ -136,6 +162,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(answer.body)
         except OSError:
             self.close_connection = True
+
+    def _trickle(self, answer: Answer) -> None:
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(answer.body)}\r\n\r\n".encode()
+        slow = head + answer.body if answer.slow_head else answer.body
+        if not answer.slow_head:
+            self.wfile.write(head)
+            self.wfile.flush()
+        for byte in slow:
+            if self.server.state.closing.wait(answer.seconds):
+                return
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+
+    def _huge(self, size: int) -> None:
+        self.wfile.write(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+        chunk = b"x" * 65536
+        sent = 0
+        while sent < size and not self.server.state.closing.is_set():
+            part = chunk[: size - sent]
+            self.wfile.write(part)
+            sent += len(part)
 
 
 class _Server(http.server.ThreadingHTTPServer):

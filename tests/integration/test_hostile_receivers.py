@@ -1,0 +1,165 @@
+"""Receivers that fight back: trickling bytes, huge answers, attempts that outlive their lease.
+
+Real HTTP receivers on 127.0.0.1, real PostgreSQL; the pipeline tests also use RabbitMQ.
+The attempt deadline is 1 s (SETTLE_WEBHOOK_TIMEOUT_S) for DNS, connect, send and read
+together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from services.notifier.models import FAILED, SUCCEEDED
+from services.notifier.sender import TIMEOUT, Sender
+from shared import events
+from shared.timefmt import utcnow
+from tests.conftest import make_tenant
+from tests.integration.notifier_fixtures import deliver_event, update_delivery
+from tests.support.pipeline import Pipeline, isolated_database, running_pipeline
+from tests.support.receiver import Answer, Receiver
+from tests.support.services import require_service
+
+pytestmark = pytest.mark.integration
+
+#: Slack for a loaded machine on top of the 1 s deadline.
+SLACK_S = 0.5
+
+
+@pytest.fixture
+def rx() -> Iterator[Receiver]:
+    with Receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> Iterator[str]:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    with isolated_database("hostile_rx") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pipeline(engine_url: str) -> Iterator[Pipeline]:
+    with running_pipeline(engine_url) as running:
+        yield running
+
+
+@pytest.fixture
+def deliverer_only(engine_url: str) -> Iterator[Pipeline]:
+    """The engine's Deliverer with nothing else running: the test drives every attempt."""
+    with running_pipeline(
+        engine_url, relay=False, consumer=False, worker=False, sweeper=False
+    ) as running:
+        yield running
+
+
+def _deposit() -> dict[str, object]:
+    return {"deposit": {"id": f"dep_{uuid.uuid4().hex[:10]}", "amount": "1.00"}}
+
+
+@pytest.mark.parametrize("headers_too", [True, False], ids=["status-line", "body"])
+def test_a_trickling_receiver_is_cut_at_the_deadline(rx: Receiver, headers_too: bool) -> None:
+    # Given a receiver that sends its answer one byte every 0.2 s (each read is quick,
+    # so a per-read timeout never fires; the whole answer takes ~30 s)
+    rx.script("/trickle", Answer.trickle(0.2, headers_too=headers_too))
+    sender = Sender(timeout_s=1.0, allow_private=True)
+    # When a delivery is sent to it
+    started = time.monotonic()
+    result = sender.send(rx.url("/trickle"), b"{}", {"Content-Type": "application/json"})
+    took = time.monotonic() - started
+    # Then the attempt is cut at its 1 s deadline and counts as a timeout
+    assert result.error == TIMEOUT, result
+    assert took < 1.0 + SLACK_S, f"the attempt took {took:.2f}s"
+    assert len(rx.hits("/trickle")) == 1
+
+
+def test_a_huge_answer_is_not_read_past_its_first_4_kib(rx: Receiver) -> None:
+    # Given a receiver answering 200 with a 1 GiB body
+    rx.script("/huge", Answer.huge(1 << 30))
+    sender = Sender(timeout_s=1.0, allow_private=True)
+    # When a delivery is sent to it
+    started = time.monotonic()
+    result = sender.send(rx.url("/huge"), b"{}", {})
+    took = time.monotonic() - started
+    # Then the answer counts (a 2xx in time) and only its first 4 KiB were read and kept
+    assert result.ok and result.status == 200
+    assert result.body == "x" * 4096
+    assert took < 1.0, f"the attempt took {took:.2f}s"
+
+
+def test_a_trickling_endpoint_runs_its_schedule_with_one_number_per_attempt(
+    pipeline: Pipeline, rx: Receiver
+) -> None:
+    # Given an endpoint that trickles its answer (it would take ~30 s per attempt)
+    rx.script("/trickle", Answer.trickle(0.2))
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    pipeline.endpoint(tenant_id, rx.url("/trickle"), [events.DEPOSIT_CREDITED])
+    # When an event is delivered (schedule 0.2 s, 0.5 s, 1 s: four attempts)
+    envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+    # Then each attempt is cut at 1 s, is recorded once with its own number, and the
+    # delivery fails after the fourth, as the schedule says: the lease (deadline +
+    # margin) never lapsed, so the sweeper never sent the same attempt again
+    (delivery,) = pipeline.wait_status(envelope["id"], FAILED, timeout=20)
+    attempts = pipeline.attempts(delivery.id)
+    assert [a.number for a in attempts] == [1, 2, 3, 4]
+    assert [a.error for a in attempts] == [TIMEOUT] * 4
+    assert all((a.latency_ms or 0) < (1.0 + SLACK_S) * 1000 for a in attempts)
+    assert delivery.attempt_count == 4
+    assert len(rx.hits("/trickle")) == 4
+
+
+def test_an_attempt_that_lost_its_lease_is_recorded_as_such_and_counted(
+    deliverer_only: Pipeline, rx: Receiver
+) -> None:
+    # Given a delivery whose first attempt is slow (0.6 s, then 200)
+    p = deliverer_only
+    rx.script("/slow", Answer.hang(0.6), Answer.ok())
+    tenant_id = make_tenant(p.db).tenant_id
+    p.endpoint(tenant_id, rx.url("/slow"), [events.DEPOSIT_CREDITED])
+    _, (delivery,) = deliver_event(p.db, tenant_id, data=_deposit())
+    first = threading.Thread(target=p.engine.deliverer.deliver, args=(delivery.id,))
+    first.start()
+    assert rx.wait_for(lambda r: len(r.hits("/slow")) == 1, 5)
+    # When its worker stalls past the lease and another worker takes the delivery over
+    # (what the sweeper does with a lapsed lease) and sends it again
+    update_delivery(p.db, delivery.id, lease_until=utcnow() - timedelta(seconds=1))
+    assert p.engine.deliverer.deliver(delivery.id) == SUCCEEDED
+    first.join(5)
+    # Then both attempts are in the log with their own numbers; the first says it lost
+    # its lease (its answer did not decide the delivery's state) and still counted
+    attempts = p.attempts(delivery.id)
+    assert [a.number for a in attempts] == [1, 2]
+    assert attempts[0].response_status == 200 and attempts[0].error == "lease_lost"
+    assert attempts[1].response_status == 200 and attempts[1].error is None
+    (row,) = p.deliveries(delivery.event_id)
+    assert row.status == SUCCEEDED and row.attempt_count == 2
+
+
+def test_a_lapsed_lease_nobody_took_over_still_records_the_attempt(
+    deliverer_only: Pipeline, rx: Receiver
+) -> None:
+    # Given an attempt in flight (0.6 s, then 200)
+    p = deliverer_only
+    rx.script("/late", Answer.hang(0.6))
+    tenant_id = make_tenant(p.db).tenant_id
+    p.endpoint(tenant_id, rx.url("/late"), [events.DEPOSIT_CREDITED])
+    _, (delivery,) = deliver_event(p.db, tenant_id, data=_deposit())
+    outcome: list[str] = []
+    first = threading.Thread(target=lambda: outcome.append(p.engine.deliverer.deliver(delivery.id)))
+    first.start()
+    assert rx.wait_for(lambda r: len(r.hits("/late")) == 1, 5)
+    # When its lease lapses while it waits, but no other worker claims the delivery
+    update_delivery(p.db, delivery.id, lease_until=utcnow() - timedelta(seconds=1))
+    first.join(5)
+    # Then its answer still decides the delivery: succeeded after one attempt, not
+    # left pending to be sent a second time
+    assert outcome == [SUCCEEDED]
+    (row,) = p.deliveries(delivery.event_id)
+    assert row.status == SUCCEEDED and row.attempt_count == 1
+    assert [a.error for a in p.attempts(delivery.id)] == [None]
