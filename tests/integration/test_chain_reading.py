@@ -42,7 +42,7 @@ from tests.support.deposits import (
 )
 from tests.support.evm_chain import EvmChain
 from tests.support.evm_node import EvmNode
-from tests.support.rpc_proxy import RpcProxy
+from tests.support.rpc_proxy import WHOLE_NODE, RpcProxy
 
 pytestmark = pytest.mark.integration
 
@@ -449,6 +449,34 @@ def test_reorg_below_every_checkpoint_reads_again_from_where_watching_began(
     assert deposit.id == seen.id and deposit.block_number == rig.start_block + 3
     assert deposit.block_hash == rig.evm.block_hash(rig.start_block + 3)
     assert [i.deposit_id for i in incidents(pg_db, rig.chain_id)] == [deposit.id]
+
+
+def test_a_node_far_behind_is_not_a_reorg_and_raises_no_incident(rig: Rig, pg_db: Database) -> None:
+    # Given 30 USDC confirmed (a checkpoint per block, twelve blocks read before it)
+    w = rig.watcher(max_range=1)
+    rig.evm.mine(12)
+    tick(w, 2)
+    rig.send(30 * USDC)
+    rig.evm.mine(DEPTH + 2)
+    tick(w, 2)
+    (seen,) = deposits_of(pg_db, rig.account)
+    assert seen.status == states.SOURCE_CONFIRMED
+    # When the node answering falls further behind than the depth (a load-balanced
+    # provider's backend resyncing: its head, blocks and logs all from the past)
+    rig.proxy.lag(DEPTH + 4, WHOLE_NODE)
+    tick(w, 2)
+    # Then blocks it has not got are not blocks that left the chain: no incident, and the
+    # deposit is not held for review
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert incidents(pg_db, rig.chain_id) == []
+    # And when it is back, a new transfer is read as usual
+    rig.proxy.lag(0)
+    rig.send(7 * USDC)
+    rig.evm.mine(DEPTH)
+    tick(w, 3)
+    assert [d.status for d in deposits_of(pg_db, rig.account)] == [states.SOURCE_CONFIRMED] * 2
+    assert incidents(pg_db, rig.chain_id) == []
 
 
 def settle(

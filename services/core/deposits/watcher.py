@@ -27,16 +27,18 @@ read again later, when:
 Reorgs. The hash of the last block of every range read is kept (a checkpoint; all of
 them above the finality cursor and 16 under it, then two per power-of-two distance),
 and the block under the first one ever read (so no reorg is deeper than every
-checkpoint, unless it goes below where watching began).
-When a checkpoint no longer matches the node, the fork point is found by comparing them
-all with the node's hashes (one batch), and both cursors go back to it. A transfer found again on
-the new branch (same identity, see detection.py) moves its deposit; a pending deposit
-whose transfer has been absent from the canonical chain for `confirmations` blocks
-fails `reorged`. A fork point under the finality cursor is a reorg deeper than the
-chain's finality: every confirmed or credited deposit whose block left the chain
-becomes a chain incident for ops (`chain_incidents`, and the
-`settle_chain_incidents_open` metric), and a confirmed one not being paid goes to
-manual review.
+checkpoint, unless it goes below where watching began). When a checkpoint no longer
+matches the node, the fork point is found by comparing them all with the node's hashes
+(one batch), and both cursors go back to it. A node whose head is under blocks read
+before (a node behind, or a shorter new branch: they cannot be told apart yet) is
+waited out: nothing is read or judged until it has them again, when a replaced block
+shows as a changed checkpoint. A transfer found again on the new branch (same
+identity, see detection.py) moves its deposit; a pending deposit whose transfer has
+been absent from the canonical chain for `confirmations` blocks fails `reorged`. A fork
+point under the finality cursor is a reorg deeper than the chain's finality: every
+confirmed or credited deposit whose block left the chain becomes a chain incident for
+ops (`chain_incidents`, and the `settle_chain_incidents_open` metric), and a confirmed
+one not being paid goes to manual review.
 """
 
 from __future__ import annotations
@@ -150,7 +152,8 @@ class ChainWatcher:
         head = self.reader.head()
         self._ensure_cursor(head)
         at = self._position()
-        self._check_reorg(head, at, result)
+        if not self._check_reorg(head, at, result):
+            return result  # the node has not got every block read before: wait for it
         self.addresses.refresh()
         if self.tokens:
             self._read_final(head, at, result)
@@ -407,35 +410,44 @@ class ChainWatcher:
         keep = set(oldest.values()) | set(newest.values())
         return [n for n in older[RECENT_CHECKPOINTS:] if n not in keep]
 
-    def _check_reorg(self, head: int, at: _Position, result: TickResult) -> None:
-        """Move both cursors back to the fork point when read blocks were replaced."""
+    def _check_reorg(self, head: int, at: _Position, result: TickResult) -> bool:
+        """Move both cursors back to the fork point when read blocks were replaced.
+
+        False when the node has not got every block read before (its head is under
+        them, or it cannot show the newest checkpoint): a node behind, or a shorter new
+        branch, which cannot be told apart yet. Nothing is read or judged then (a block
+        the node has not got is not a block that left the chain); once the node is past
+        them again, a replaced block shows as a changed checkpoint.
+        """
         known = sorted((n for n in at.checkpoints if n <= head), reverse=True)
-        if not known:
-            return
-        top = self.reader.block(known[0])
-        if top is None:
-            return  # the node is behind its own head: judge nothing
-        if top.hash == at.checkpoints[known[0]]:
-            if at.next_block <= head + 1:
-                return  # the usual case: nothing changed
-            # Blocks read before are past the head now: a shorter branch (or a node
-            # behind). Read again from just above what still matches, before judging.
-            fork_from = known[0] + 1
-        else:
-            canonical = self.reader.block_hashes(known)
-            matching = [n for n in known if canonical.get(n) == at.checkpoints[n]]
-            if matching:
-                fork_from = matching[0] + 1
-            else:
-                # Below the oldest checkpoint, which is the block under the first one read
-                # (or, for a cursor older than that floor, the end of the first range read,
-                # at most `max_range` blocks long): read again from before it all.
-                fork_from = max(0, known[-1] - self.max_range + 1)
-                log.critical(
-                    "chain %s: reorg below every checkpoint kept; reading again from %s",
+        top = self.reader.block(known[0]) if known else None
+        if known and top is None:
+            return False  # the node is behind its own head
+        if top is None or top.hash == at.checkpoints[known[0]]:
+            if at.next_block > head + 1:
+                log.info(
+                    "chain %s: the node's head %s is under blocks read before (up to %s); "
+                    "waiting for it",
                     self.chain_id,
-                    fork_from,
+                    head,
+                    at.next_block - 1,
                 )
+                return False
+            return True  # the usual case: nothing changed
+        canonical = self.reader.block_hashes(known)
+        matching = [n for n in known if canonical.get(n) == at.checkpoints[n]]
+        if matching:
+            fork_from = matching[0] + 1
+        else:
+            # Below the oldest checkpoint, which is the block under the first one read (or,
+            # for a cursor older than that floor, the end of the first range read, at most
+            # `max_range` blocks long): read again from before it all.
+            fork_from = max(0, known[-1] - self.max_range + 1)
+            log.critical(
+                "chain %s: reorg below every checkpoint kept; reading again from %s",
+                self.chain_id,
+                fork_from,
+            )
         with self.db.transaction() as session:
             cursor = self._lock_cursor(session)
             deep = cursor.confirmed_block is not None and cursor.confirmed_block > fork_from
@@ -464,6 +476,7 @@ class ChainWatcher:
                 result.incidents += self.detection.deep_reorg(
                     self.chain_id, fork_from, hashes, stale
                 )
+        return True
 
     # --- pending deposits -----------------------------------------------------------------
 
