@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -18,7 +18,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, make_transient_to_detached, sessionmaker
 
 from shared import embedded_postgres
 
@@ -181,8 +181,7 @@ def execute_many(
     """
     if not rows:
         return []
-    session.flush()
-    conn = session.connection().connection.driver_connection
+    conn = driver_connection(session)
     returned: list[tuple[Any, ...]] = []
     with conn.cursor() as cur:
         cur.executemany(statement.sql, [statement.bind(row) for row in rows], returning=True)
@@ -192,6 +191,24 @@ def execute_many(
             if not cur.nextset():
                 break
     return returned
+
+
+def driver_connection(session: Session) -> Any:
+    """The psycopg connection of the session's transaction, pending ORM changes flushed.
+
+    For statements compiled once (DriverStatement) that must commit with the session's
+    own work; `adopt` makes the rows they wrote ORM objects of the session.
+    """
+    session.flush()
+    return session.connection().connection.driver_connection
+
+
+def adopt(session: Session, objects: Iterable[object]) -> None:
+    """Make `objects`, whose rows a driver statement just wrote in the session's
+    transaction, persistent in `session` as they are (no SELECT, no INSERT)."""
+    for instance in objects:
+        make_transient_to_detached(instance)
+        session.add(instance)
 
 
 class Database:

@@ -31,7 +31,7 @@ from services.notifier.models import (
 from services.notifier.webhook_endpoints import is_plausible_id
 from shared import event_catalog, events
 from shared.api import Page, field_error, keyset_page
-from shared.db import Database
+from shared.db import Database, adopt, database_of, driver_connection
 from shared.errors import Conflict, NotFound
 from shared.timefmt import parse_iso, utcnow
 
@@ -97,6 +97,7 @@ _INSERT_EVENT = (
     postgresql.insert(StoredEvent)
     .values({name: sa.bindparam(name) for name in _EVENT_COLUMNS})
     .on_conflict_do_nothing(index_elements=["id"])
+    .returning(StoredEvent.id)
 )
 
 
@@ -108,17 +109,20 @@ def store_event(
     Raises InvalidEvent for a body that is not an envelope.
     """
     row = event_row(parse_envelope(envelope_body), envelope_body, now or utcnow())
-    return session.scalars(_INSERT_EVENT.returning(StoredEvent), row).one_or_none()
+    db = database_of(session)
+    assert db is not None, "a session of a shared.db.Database"
+    if not insert_events(db, driver_connection(session), [row]):
+        return None
+    event = StoredEvent(**row)
+    adopt(session, [event])
+    return event
 
 
 def insert_events(
     db: Database, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]
 ) -> set[str]:
     """`event_row`s stored once, on a driver connection of `db`; the ids that were new."""
-    statement = db.attachment(
-        "notifier.insert_event",
-        lambda d: d.driver_statement(_INSERT_EVENT.returning(StoredEvent.id)),
-    )
+    statement = db.attachment("notifier.insert_event", lambda d: d.driver_statement(_INSERT_EVENT))
     new: set[str] = set()
     with conn.cursor() as cur:
         cur.executemany(statement.sql, [statement.bind(row) for row in rows], returning=True)

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from services.notifier.models import ENABLED, PENDING, Delivery, Endpoint
 from services.notifier.webhook_endpoints import get_endpoint
-from shared.db import Database, DriverStatement
+from shared.db import Database, DriverStatement, adopt, database_of, driver_connection
 from shared.errors import Conflict
 from shared.ids import new_id
 
@@ -59,6 +59,10 @@ _DELIVERY_COLUMNS = (
     "next_attempt_at",
     "lease_until",
     "replay_of",
+    "last_attempt_at",
+    "last_response_status",
+    "last_error",
+    "succeeded_at",
     "created_at",
     "updated_at",
 )
@@ -106,6 +110,10 @@ def pending(
         "next_attempt_at": now,
         "lease_until": None,
         "replay_of": replay_of,
+        "last_attempt_at": None,
+        "last_response_status": None,
+        "last_error": None,
+        "succeeded_at": None,
         "created_at": now,
         "updated_at": now,
     }
@@ -123,14 +131,15 @@ def insert_deliveries(
 
 
 def create_deliveries(session: Session, rows: list[dict[str, Any]]) -> list[Delivery]:
-    """Write new deliveries (`pending` rows) in the session's transaction; the rows as objects.
+    """`insert_deliveries` in the session's transaction; the deliveries as ORM objects.
 
-    The API's paths (test, replay, recover) render what they made, so these are ORM
-    objects; the consumer, which renders nothing, writes with `insert_deliveries`.
+    For the API's paths (test, replay, recover), which render what they made.
     """
+    db = database_of(session)
+    assert db is not None, "a session of a shared.db.Database"
+    insert_deliveries(db, driver_connection(session), rows)
     made = [Delivery(**row) for row in rows]
-    session.add_all(made)
-    session.flush()
+    adopt(session, made)
     return made
 
 
