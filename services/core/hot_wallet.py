@@ -1,29 +1,55 @@
-"""The hot wallet: signs and sends ERC-20 `transfer(to, amount)` from Settle's own key.
+"""The hot wallet: signs ERC-20 `transfer(to, amount)` from Settle's own key, broadcasts
+and looks the transactions up.
 
-The paying side of the chain (the reading side is `services.core.evm`).
+The paying side of the chain (the reading side is `services.core.evm`). The steps are
+separate on purpose: a payment is drafted (node calls), signed with a nonce Settle
+allocated itself (no I/O), stored, and only then broadcast (`deposits/payments.py`).
+Once signed, a transaction is only ever broadcast again as the same bytes, or replaced
+by one with the same nonce and calldata and higher fees (`bump`).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
 from web3 import Web3
+from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 from web3.types import TxParams
 
 from services.core.evm import connect, hex0x, receipt_status
 
 #: 4-byte selector of `transfer(address,uint256)`.
 TRANSFER_SELECTOR = keccak(text="transfer(address,uint256)")[:4]
+#: A replacement raises both fees by at least this factor (nodes want 10 %; geth's
+#: default price bump), and never below what the network asks now.
+FEE_BUMP = 1.125
 
 
 class ReceiptTimeout(TimeoutError):
     """No receipt for a sent transaction within the allowed time."""
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A signed transaction: its bytes (0x-hex) and hash."""
+
+    raw: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class Receipt:
+    status: int
+    block_number: int
+    block_hash: str
 
 
 class Erc20TransferExecutor:
@@ -49,7 +75,11 @@ class Erc20TransferExecutor:
         cls, url: str, private_key: bytes | str, timeout: float, **kwargs: Any
     ) -> Erc20TransferExecutor:
         """An executor over the JSON-RPC node at `url`."""
-        return cls(connect(url, timeout), private_key, **kwargs)
+        w3 = connect(url, timeout)
+        # web3's HTTPProvider re-sends a timed-out or reset call itself (broadcasts
+        # included, up to 5 times): only the payment logic may decide to send again.
+        w3.provider.exception_retry_configuration = None  # type: ignore[attr-defined]
+        return cls(w3, private_key, **kwargs)
 
     def __repr__(self) -> str:
         # Never let the key reach a log line through a repr.
@@ -67,30 +97,33 @@ class Erc20TransferExecutor:
             self._chain_id = int(self.w3.eth.chain_id)
         return self._chain_id
 
-    def build_transfer(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
-        """The unsigned transaction (nonce, fees, gas filled in from the node)."""
+    # -- drafting and signing --------------------------------------------------------------
+
+    def draft(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
+        """The unsigned transaction without its nonce (gas and fees filled in from the node)."""
         if amount_raw < 0:
             raise ValueError("amount_raw must be >= 0")
-        token = to_checksum_address(token_address)
         data = TRANSFER_SELECTOR + abi_encode(
             ["address", "uint256"], [to_checksum_address(to), amount_raw]
         )
         tx: dict[str, Any] = {
-            "from": self.address,
-            "to": token,
+            "to": to_checksum_address(token_address),
             "value": 0,
             "data": hex0x(data),
             "chainId": self.chain_id,
-            # "pending" counts our own unmined transactions, so back-to-back sends
-            # through one node do not reuse a nonce.
-            "nonce": self.w3.eth.get_transaction_count(self._account.address, "pending"),
         }
-        estimate = self.w3.eth.estimate_gas(cast(TxParams, dict(tx)))
+        estimate = self.w3.eth.estimate_gas(cast(TxParams, {"from": self.address, **tx}))
         tx["gas"] = math.ceil(estimate * self.gas_margin)
-        tx.update(self._fees())
+        tx.update(self.fees())
         return tx
 
-    def _fees(self) -> dict[str, int]:
+    def build_transfer(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
+        """The unsigned transaction with the node's pending nonce (tools and tests)."""
+        tx = self.draft(token_address, to, amount_raw)
+        return {"from": self.address, **tx, "nonce": self.nonce("pending")}
+
+    def fees(self) -> dict[str, int]:
+        """The fee fields the network asks for now."""
         base_fee = self.w3.eth.get_block("latest").get("baseFeePerGas")
         if base_fee is None:
             return {"gasPrice": int(self.w3.eth.gas_price)}
@@ -104,13 +137,72 @@ class Erc20TransferExecutor:
             "maxFeePerGas": 2 * int(base_fee) + priority,
         }
 
+    def bump(self, tx: dict[str, Any]) -> dict[str, Any]:
+        """`tx` with fees raised for a replacement: same nonce, calldata and gas."""
+        now = self.fees()
+        bumped = dict(tx)
+        for key in ("gasPrice", "maxFeePerGas", "maxPriorityFeePerGas"):
+            if key in tx:
+                bumped[key] = max(math.ceil(int(tx[key]) * FEE_BUMP), int(now.get(key, 0)))
+        return bumped
+
+    def sign(self, tx: dict[str, Any], nonce: int) -> Signed:
+        """Sign `tx` with `nonce` (no I/O)."""
+        signed = self._account.sign_transaction({**tx, "nonce": nonce})
+        return Signed(hex0x(signed.raw_transaction), hex0x(signed.hash))
+
+    # -- the network -----------------------------------------------------------------------
+
+    def broadcast(self, raw: str) -> str:
+        """Send signed bytes; the hash the node answered. Errors propagate: the caller
+        decides what an error after signing means (unknown, never "not sent")."""
+        return hex0x(self.w3.eth.send_raw_transaction(HexBytes(raw)))
+
     def transfer(self, token_address: str, to: str, amount_raw: int) -> str:
-        """Sign and broadcast `transfer(to, amount_raw)` on `token_address`; the tx hash."""
+        """Sign with the pending nonce and broadcast at once; the tx hash.
+
+        For tools and tests only: credits are paid through `deposits/payments.py`, which
+        stores what it signed before it broadcasts.
+        """
         tx = self.build_transfer(token_address, to, amount_raw)
-        del tx["from"]  # the signer implies it; eth-account rejects a mismatch anyway
-        signed = self._account.sign_transaction(tx)
-        sent = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-        return hex0x(sent)
+        signed = self.sign(tx, tx.pop("nonce"))
+        return self.broadcast(signed.raw)
+
+    def nonce(self, block: str | int = "latest") -> int:
+        """The wallet's transaction count at `block` ("latest": mined; "pending")."""
+        return int(self.w3.eth.get_transaction_count(self._account.address, block))
+
+    def head(self) -> int:
+        return int(self.w3.eth.block_number)
+
+    def block_hash(self, number: int) -> str | None:
+        """The canonical block hash at `number` (None past the head)."""
+        try:
+            block = self.w3.eth.get_block(number)
+        except Exception as exc:  # web3's BlockNotFound, by its name across versions
+            if type(exc).__name__ == "BlockNotFound":
+                return None
+            raise
+        return hex0x(block["hash"]).lower()
+
+    def receipt(self, tx_hash: str) -> Receipt | None:
+        """The transaction's receipt, or None when the node has none (not mined)."""
+        try:
+            receipt = self.w3.eth.get_transaction_receipt(HexBytes(tx_hash))
+        except (TransactionNotFound, TransactionIndexingInProgress):
+            return None
+        if receipt.get("blockNumber") is None:
+            return None
+        return Receipt(
+            int(receipt["status"]), int(receipt["blockNumber"]), hex0x(receipt["blockHash"]).lower()
+        )
+
+    def known(self, tx_hash: str) -> bool:
+        """Whether the node has the transaction (pooled or mined)."""
+        try:
+            return self.w3.eth.get_transaction(HexBytes(tx_hash)) is not None
+        except TransactionNotFound:
+            return False
 
     def wait_receipt(
         self, tx_hash: str, timeout_s: float = 120.0, poll_s: float = 1.0

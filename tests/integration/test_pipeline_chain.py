@@ -119,7 +119,12 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
     assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
     # And settlement pays the net from the hot wallet, skimming the live fee
     set_fee(pg_db, rig.chain_id, "0.25")
-    assert rig.parts.settling.settle(deposit.id) == states.CREDITED
+    assert rig.parts.settling.settle(deposit.id) == states.CREDIT_SUBMITTED
+    assert rig.evm.balance_of(rig.token, rig.wallet) == 125_250_000
+    # And credits it once the payout is as deep as the destination chain's depth (3)
+    assert rig.parts.settling.poll(deposit.id) == states.CREDIT_SUBMITTED
+    rig.evm.mine(2)
+    assert rig.parts.settling.poll(deposit.id) == states.CREDITED
     (deposit,) = deposits_of(pg_db, rig.account)
     assert str(deposit.fee_usd) == "0.250000" and str(deposit.net_usd) == "125.250000"
     assert deposit.route == "direct" and deposit.credit_amount == "125.250000"
@@ -128,6 +133,7 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
     assert deposit_event_types(pg_db, deposit.id) == [
         "deposit.source_seen",
         "deposit.source_confirmed",
+        "deposit.credit_submitted",
         "deposit.credited",
     ]
     events = events_of(pg_db, rig.account.tenant_id)
@@ -195,6 +201,7 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
             if [d.status for d in deposits_of(pg_db, rig.account)].count(status) == count:
                 return
             threading.Event().wait(0.02)
+            rig.evm.mine()  # payouts count at the destination chain's depth
         raise AssertionError([d.status for d in deposits_of(pg_db, rig.account)])
 
     # Given a running worker that credits two deposits

@@ -227,16 +227,24 @@ def test_fault_before_forward_never_reaches_the_chain(net: Net, fault: Fault) ->
     assert net.chain.balance_of(net.token, net.to) == before + 7
 
 
-def test_web3_resends_a_timed_out_broadcast_and_hears_nonce_too_low(net: Net) -> None:
+def test_web3_resends_a_timed_out_broadcast_unless_told_not_to(net: Net) -> None:
     # web3's HTTPProvider retries eth_sendRawTransaction (and reads) on timeouts, resets
     # and HTTP errors: after a forwarded timeout its re-send of the same bytes meets the
     # mined transaction, so the caller gets "nonce too low" for a payment that landed.
     net.proxy.fail("eth_sendRawTransaction", Fault.TIMEOUT, forward=True)
+    w3 = connect(net.proxy.url, TIMEOUT_S)
+    raw = _signed(net, w3.eth.get_transaction_count(net.payer.address), 10**11, 7)
     before = net.chain.balance_of(net.token, net.to)
     with pytest.raises(Web3RPCError, match="nonce too low"):
-        net.executor().transfer(net.token, net.to, 7)
+        w3.eth.send_raw_transaction(raw)
     assert net.chain.balance_of(net.token, net.to) == before + 7
     assert net.proxy.count("eth_sendRawTransaction") == 2
+    # The hot wallet's connection sends once: only the payment logic may send again
+    net.proxy.fail("eth_sendRawTransaction", Fault.TIMEOUT, forward=True)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        net.executor().transfer(net.token, net.to, 7)
+    assert net.chain.balance_of(net.token, net.to) == before + 14
+    assert net.proxy.count("eth_sendRawTransaction") == 3
 
 
 def test_receipt_poll_fails_while_the_transaction_is_mined(net: Net) -> None:

@@ -7,6 +7,10 @@
   `final`) is behind the head the watcher last saw. A reading stuck while the other
   moves means its ranges are being refused (a logs backend behind, or on a stale fork).
 - `settle_stray_transfers{chain_id}`: transfers of unknown tokens kept for ops.
+- `settle_hot_wallet_payments_in_flight{chain_id}` and
+  `settle_hot_wallet_payment_oldest_seconds{chain_id}`: hot-wallet payments signed and
+  not yet settled, and the age of the oldest. Alert on the age (e.g. > 600 s): a payment
+  that neither lands nor is replaced holds every later credit of that wallet back.
 """
 
 from __future__ import annotations
@@ -17,8 +21,14 @@ import sqlalchemy as sa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.core.deposits.models import ChainCursor, ChainIncident, StrayTransfer
+from services.core.deposits.models import (
+    ChainCursor,
+    ChainIncident,
+    HotWalletPayment,
+    StrayTransfer,
+)
 from shared.db import Database
+from shared.timefmt import utcnow
 
 
 class ChainCollector(Collector):
@@ -44,7 +54,29 @@ class ChainCollector(Collector):
             "Transfers of unknown tokens to deposit addresses, kept for ops",
             labels=["chain_id"],
         )
+        in_flight = GaugeMetricFamily(
+            "settle_hot_wallet_payments_in_flight",
+            "Hot-wallet payments signed and not yet settled (mined at depth, or failed)",
+            labels=["chain_id"],
+        )
+        oldest = GaugeMetricFamily(
+            "settle_hot_wallet_payment_oldest_seconds",
+            "Age of the oldest hot-wallet payment in flight (alert when old)",
+            labels=["chain_id"],
+        )
+        now = utcnow()
         with self._db.reader() as session:
+            for chain_id, count, first in session.execute(
+                sa.select(
+                    HotWalletPayment.chain_id,
+                    sa.func.count(),
+                    sa.func.min(HotWalletPayment.created_at),
+                )
+                .where(HotWalletPayment.resolved_at.is_(None))
+                .group_by(HotWalletPayment.chain_id)
+            ):
+                in_flight.add_metric([str(chain_id)], count)
+                oldest.add_metric([str(chain_id)], (now - first).total_seconds())
             for chain_id, kind, count in session.execute(
                 sa.select(ChainIncident.chain_id, ChainIncident.kind, sa.func.count())
                 .where(ChainIncident.resolved_at.is_(None))
@@ -70,3 +102,5 @@ class ChainCollector(Collector):
         yield incidents
         yield behind
         yield strays
+        yield in_flight
+        yield oldest

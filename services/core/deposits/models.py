@@ -233,3 +233,62 @@ class StrayTransfer(CoreBase):
     to_address: Mapped[str] = mapped_column(sa.String(42))
     amount_raw: Mapped[str] = mapped_column(sa.String(80))
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class HotWalletNonce(CoreBase):
+    """The next nonce Settle gives a payment from one wallet on one chain.
+
+    Allocated under this row's lock (`payments.allocate_nonce`), so two workers never
+    sign two payments with one nonce, whatever their nodes say is pending.
+    """
+
+    __tablename__ = "hot_wallet_nonces"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    wallet: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    next_nonce: Mapped[int] = mapped_column(sa.BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class HotWalletPayment(CoreBase):
+    """One credit paid from a hot wallet: its nonce and every transaction signed for it.
+
+    Written in the transaction that marks the payment started, before anything is
+    broadcast. Replacements keep the nonce and calldata (so at most one of `tx_hashes`
+    can ever be mined); `raw_tx` is the latest, the one broadcast again while unknown.
+    Open until `resolved_at` (`outcome`: `mined`, `reverted`, `nonce_used`, `ops`).
+    """
+
+    __tablename__ = "hot_wallet_payments"
+    __table_args__ = (
+        sa.UniqueConstraint("chain_id", "wallet", "nonce", name="uq_hot_wallet_payment_nonce"),
+        sa.Index(
+            "ix_hot_wallet_payments_open",
+            "deposit_id",
+            postgresql_where=sa.text("resolved_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=True)
+    deposit_id: Mapped[str] = mapped_column(sa.String(40))
+    chain_id: Mapped[int] = mapped_column(sa.Integer)
+    wallet: Mapped[str] = mapped_column(sa.String(42))
+    nonce: Mapped[int] = mapped_column(sa.BigInteger)
+    #: The unsigned transaction (without nonce): what a replacement re-signs.
+    tx: Mapped[dict[str, object]] = mapped_column(JSONType)
+    raw_tx: Mapped[str] = mapped_column(sa.Text)
+    #: Every hash signed for this payment, oldest first; whichever is mined wins.
+    tx_hashes: Mapped[list[str]] = mapped_column(JSONType)
+    #: The chain's head when `raw_tx` was signed: a replacement is due N blocks later.
+    signed_block: Mapped[int] = mapped_column(sa.BigInteger)
+    outcome: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    #: True once the "old in-flight payment" log line was written.
+    alerted: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    @property
+    def ref(self) -> str:
+        """The deposit's `provider_ref` while this payment is in flight."""
+        return f"payment:{self.id}"

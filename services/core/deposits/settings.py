@@ -54,6 +54,12 @@ class PipelineSettings:
     health_check_s: float = 30.0
     #: Seconds an in-flight payment may stay unresolved before manual review.
     stuck_payment_s: float = 300.0
+    #: Blocks a hot-wallet payment may stay unmined before it is replaced (same nonce
+    #: and calldata, higher fees).
+    payment_replace_blocks: int = 12
+    #: Seconds after which an in-flight hot-wallet payment is logged (once) as old;
+    #: `settle_hot_wallet_payment_oldest_seconds` shows it all along.
+    payment_alert_s: float = 600.0
     #: Seconds without progress after which ops may resolve a non-review deposit.
     ops_stuck_after_s: float = 1800.0
     #: Simulated payer and route provider for non-sandbox deposits (dev and demos).
@@ -85,6 +91,8 @@ class PipelineSettings:
             provider_max_failures=max(1, env_int(env, "SETTLE_PROVIDER_MAX_FAILURES", 3)),
             health_check_s=_non_negative(env, "SETTLE_PROVIDER_HEALTH_S", 30.0),
             stuck_payment_s=_non_negative(env, "SETTLE_STUCK_PAYMENT_S", 300.0),
+            payment_replace_blocks=max(1, env_int(env, "SETTLE_PAYMENT_REPLACE_BLOCKS", 12)),
+            payment_alert_s=_non_negative(env, "SETTLE_PAYMENT_ALERT_S", 600.0),
             ops_stuck_after_s=_non_negative(env, "SETTLE_OPS_STUCK_AFTER_S", 1800.0),
             simulated_settlement=env_bool(env, "SETTLE_SIMULATED_SETTLEMENT", dev),
             simulated_bridge_s=_non_negative(env, "SETTLE_SIMULATED_BRIDGE_S", 1.0),

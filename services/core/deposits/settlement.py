@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from eth_utils import keccak
@@ -39,7 +39,8 @@ from shared.timefmt import iso_ms, utcnow
 if TYPE_CHECKING:
     # Not at run time: hot_wallet imports web3, which the API processes must not load
     # (its py_ecc raises the recursion limit to 100000); only the paying worker needs it.
-    from services.core.hot_wallet import Erc20TransferExecutor
+    from services.core.deposits.payments import Draft, Observation
+    from services.core.hot_wallet import Erc20TransferExecutor, Signed
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,18 @@ class RouteProvider(Protocol):
 
 @dataclass(frozen=True)
 class PayerRoute:
-    """A direct or inventory route: a payer on the destination chain."""
+    """A direct or inventory route: a payer on the destination chain.
+
+    A hot wallet (`EvmPayer`) is driven step by step by the settling use case
+    (`chain_payer`), not through `start`/`poll`.
+    """
 
     kind: str
-    payer: Payer
+    payer: Payer | EvmPayer
+
+    @property
+    def chain_payer(self) -> EvmPayer | None:
+        return self.payer if isinstance(self.payer, EvmPayer) else None
 
     @property
     def name(self) -> str:
@@ -170,9 +179,13 @@ class PayerRoute:
         return self.payer.instant
 
     def start(self, order: CreditOrder) -> Outcome:
+        if isinstance(self.payer, EvmPayer):
+            raise TypeError("a hot wallet is paid through deposits/payments.py")
         return self.payer.pay(order)
 
     def poll(self, order: CreditOrder, ref: str) -> Outcome:
+        if isinstance(self.payer, EvmPayer):
+            raise TypeError("a hot wallet is polled through deposits/payments.py")
         return self.payer.check(order, ref)
 
 
@@ -264,48 +277,73 @@ class SimulatedBridge:
 class EvmPayer:
     """Pays with an ERC-20 `transfer` from the hot wallet on the destination chain.
 
-    Not idempotent: the transaction hash is known only once it is sent, so a crash
-    between sending and recording leaves a payment that only ops can reconcile.
+    Idempotent by nonce (`deposits/payments.py`): the settling steps draft, sign, store
+    and only then broadcast; afterwards they observe the payment and broadcast the same
+    bytes again, or a replacement with the same nonce, never a new payment. So a step
+    that never came back (a crash) may safely run again.
     """
 
-    idempotent = False
+    idempotent = True
     instant = False
 
-    def __init__(
-        self,
-        executor: Erc20TransferExecutor,
-        *,
-        name: str = "hot-wallet",
-        receipt_wait_s: float = 5.0,
-        receipt_poll_s: float = 0.2,
-    ) -> None:
+    def __init__(self, executor: Erc20TransferExecutor, *, name: str = "hot-wallet") -> None:
         self.executor = executor
         self.name = name
-        self.receipt_wait_s = receipt_wait_s
-        self.receipt_poll_s = receipt_poll_s
 
-    def pay(self, order: CreditOrder) -> Outcome:
-        tx_hash = self.executor.transfer(
-            order.dest_token_address, order.dest_address, order.amount_raw
-        )
-        return self._wait(tx_hash, self.receipt_wait_s)
+    @property
+    def wallet(self) -> str:
+        return self.executor.address
 
-    def check(self, order: CreditOrder, ref: str) -> Outcome:
-        return self._wait(ref, 0.0)
+    def draft(self, order: CreditOrder) -> Draft:
+        """The unsigned transfer (gas and fees from the node), the pending nonce, the head."""
+        from services.core.deposits.payments import Draft
 
-    def _wait(self, tx_hash: str, timeout_s: float) -> Outcome:
-        from services.core.hot_wallet import ReceiptTimeout  # web3: only where chains are paid
+        executor = self.executor
+        tx = executor.draft(order.dest_token_address, order.dest_address, order.amount_raw)
+        return Draft(tx, executor.nonce("pending"), executor.head())
 
+    def sign(self, tx: dict[str, Any], nonce: int) -> Signed:
+        return self.executor.sign(tx, nonce)
+
+    def bump(self, tx: dict[str, Any]) -> dict[str, Any]:
+        return self.executor.bump(tx)
+
+    def broadcast(self, raw: str) -> None:
+        """Broadcast signed bytes; an error is logged, never raised: the payment is stored
+        and its poll finds out what happened (and broadcasts again if the node lost it)."""
         try:
-            status, _block = self.executor.wait_receipt(
-                tx_hash, timeout_s=timeout_s, poll_s=self.receipt_poll_s
+            self.executor.broadcast(raw)
+        except Exception as exc:  # a timeout may hide a node that took it: unknown
+            log.warning(
+                "broadcast by %s: %s: %s (the poll will find out)",
+                self.name,
+                type(exc).__name__,
+                exc,
             )
-        except ReceiptTimeout:
-            # Sent but not mined yet: in flight, polled later; never sent twice.
-            return InFlight(tx_hash)
-        if status != 1:
-            return Failed(f"credit transfer {tx_hash} reverted")
-        return Credited(tx_hash)
+
+    def observe(self, hashes: Sequence[str], nonce: int, depth: int) -> Observation:
+        """What the chain says about a payment of `hashes` (all with `nonce`)."""
+        from services.core.deposits.payments import Observation
+
+        executor = self.executor
+        head = executor.head()
+        # The nonce first, receipts after: a transaction mined in between shows up in
+        # its receipt, so "nonce passed and no receipt" is never a race.
+        settled_nonce = executor.nonce(max(0, head - depth + 1))
+        mined = None
+        for tx_hash in hashes:
+            receipt = executor.receipt(tx_hash)
+            if receipt is None:
+                continue
+            # A node on a stale fork may still serve a receipt from a block the chain
+            # dropped: only a receipt whose block is canonical counts.
+            if executor.block_hash(receipt.block_number) != receipt.block_hash:
+                log.warning("receipt of %s is from a non-canonical block", tx_hash)
+                continue
+            mined = (tx_hash, receipt.status, receipt.block_number)
+            break
+        known = mined is not None or executor.known(hashes[-1])
+        return Observation(head, mined, mined is None and settled_nonce > nonce, known)
 
 
 # --- choosing routes, inventory, provider health --------------------------------------
@@ -322,7 +360,7 @@ class Settlement:
         self,
         registry: ChainRegistry,
         *,
-        payers: Mapping[int, Payer] | None = None,
+        payers: Mapping[int, Payer | EvmPayer] | None = None,
         providers: Sequence[RouteProvider] = (),
         sandbox_payer: Payer | None = None,
         sandbox_provider: RouteProvider | None = None,

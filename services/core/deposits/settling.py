@@ -17,7 +17,7 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 from services.core.chains import ChainRegistry
-from services.core.deposits import rules, states, store, transitions
+from services.core.deposits import payments, rules, states, store, transitions
 from services.core.deposits.models import Deposit
 from services.core.deposits.pricing import PriceSource
 from services.core.deposits.settings import PipelineSettings
@@ -25,9 +25,11 @@ from services.core.deposits.settlement import (
     ROUTED,
     Credited,
     CreditOrder,
+    EvmPayer,
     Failed,
     InFlight,
     Outcome,
+    PayerRoute,
     Route,
     Settlement,
 )
@@ -112,13 +114,15 @@ class Settling:
                 return deposit.status
             deposit.settle_phase = PHASE_STARTING
             attempt = deposit.settle_attempts
+
+        def expected(d: Deposit) -> bool:
+            return d.settle_phase == PHASE_STARTING and d.settle_attempts == attempt
+
+        payer = route.chain_payer if isinstance(route, PayerRoute) else None
+        if payer is not None:
+            return self._start_payment(deposit_id, route, payer, order, expected)
         outcome = self._call(lambda: route.start(order))
-        return self._record(
-            deposit_id,
-            route,
-            outcome,
-            lambda d: d.settle_phase == PHASE_STARTING and d.settle_attempts == attempt,
-        )
+        return self._record(deposit_id, route, outcome, expected)
 
     def _payee(self, deposit: Deposit) -> rules.Payee | None:
         """The destination's asset and price (None when the destination cannot be paid)."""
@@ -207,6 +211,13 @@ class Settling:
         self, session: Session, deposit: Deposit, route: Route, outcome: Outcome, now: datetime
     ) -> None:
         deposit.settle_phase = None
+        if not isinstance(outcome, InFlight):
+            payments.resolve(
+                session,
+                deposit.id,
+                payments.MINED if isinstance(outcome, Credited) else payments.FAILED,
+                now,
+            )
         if isinstance(outcome, Credited):
             deposit.inventory_reserved = None  # spent for good
             if deposit.route == ROUTED and not deposit.sandbox:
@@ -254,6 +265,7 @@ class Settling:
     def poll(self, deposit_id: str) -> str | None:
         """Ask the route of an in-flight credit how it is going; record the answer."""
         now = self.clock()
+        payer: EvmPayer | None = None
         with self.db.transaction() as session:
             deposit = store.lock(session, deposit_id, skip_locked=True)
             if (
@@ -272,15 +284,32 @@ class Settling:
                 )
                 return deposit.status
             ref = deposit.provider_ref
-            if route.instant:
+            payer = route.chain_payer if isinstance(route, PayerRoute) else None
+            if payer is not None:
+                payment = payments.open_payment(session, deposit.id)
+                if payment is None or payment.ref != ref:
+                    transitions.review(
+                        session, deposit, now, f"{states.REVIEW_ROUTE_FAILED}: payment record gone"
+                    )
+                    return deposit.status
+                view = payments.PaymentView.of(payment)
+                dest_chain = self.registry.get(deposit.dest_chain_id)
+                depth = dest_chain.confirmations if dest_chain is not None else 1
+                # Observing is read-only and a replacement re-checks what it replaces,
+                # so a second poller is harmless: no hold beyond the poll interval.
+                deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
+            elif route.instant:
                 outcome = self._call(lambda: route.poll(order, ref))
                 if not (isinstance(outcome, InFlight) and outcome.ref == ref):
                     self._apply(session, deposit, route, outcome, now)
                 else:
                     deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
                 return deposit.status
-            # Hold other pollers off for a round while this one asks.
-            deposit.next_attempt_at = now + timedelta(seconds=max(self.settings.poll_s, 1.0))
+            else:
+                # Hold other pollers off for a round while this one asks.
+                deposit.next_attempt_at = now + timedelta(seconds=max(self.settings.poll_s, 1.0))
+        if payer is not None:
+            return self._poll_payment(deposit_id, route, payer, view, depth)
         outcome = self._call(lambda: route.poll(order, ref))
         if isinstance(outcome, InFlight) and outcome.ref == ref:
             return states.CREDIT_SUBMITTED
@@ -290,6 +319,142 @@ class Settling:
             outcome,
             lambda d: d.status == states.CREDIT_SUBMITTED and d.provider_ref == ref,
         )
+
+    # --- hot-wallet payments (idempotent by nonce: deposits/payments.py) -------------------
+
+    def _start_payment(
+        self,
+        deposit_id: str,
+        route: Route,
+        payer: EvmPayer,
+        order: CreditOrder,
+        expected: Callable[[Deposit], bool],
+    ) -> str | None:
+        """Draft, then allocate the nonce, sign and store in one transaction, then broadcast."""
+        try:
+            draft = payer.draft(order)
+        except Exception as exc:  # nothing was signed: a plain failed attempt
+            log.exception("drafting the credit of %s failed", deposit_id)
+            return self._record(
+                deposit_id, route, Failed(f"{type(exc).__name__}: {exc}"[:300]), expected
+            )
+        with self.db.transaction() as session:
+            deposit = store.lock(session, deposit_id)
+            if deposit is None or not expected(deposit):
+                log.error("payment draft for %s dropped: the deposit moved meanwhile", deposit_id)
+                return None if deposit is None else deposit.status
+            now = self.clock()
+            nonce = payments.allocate_nonce(
+                session, order.dest_chain_id, payer.wallet, draft.pending_nonce, now
+            )
+            signed = payer.sign(draft.tx, nonce)
+            payment = payments.record(
+                session,
+                deposit,
+                order.dest_chain_id,
+                payer.wallet,
+                nonce,
+                draft.tx,
+                signed.raw,
+                signed.hash,
+                draft.head,
+                now,
+            )
+            deposit.settle_phase = None
+            deposit.provider_ref = payment.ref
+            deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
+            if deposit.status == states.CREDIT_SUBMITTED:
+                deposit.updated_at = now
+            else:
+                transitions.move(session, deposit, states.CREDIT_SUBMITTED, now)
+        # Only now that it is stored: from here on a crash or an error leaves a payment
+        # its poll finds (and broadcasts again), never one signed anew.
+        log.info("deposit %s: paying with nonce %s, tx %s", deposit_id, nonce, signed.hash)
+        payer.broadcast(signed.raw)
+        return states.CREDIT_SUBMITTED
+
+    def _poll_payment(
+        self,
+        deposit_id: str,
+        route: Route,
+        payer: EvmPayer,
+        payment: payments.PaymentView,
+        depth: int,
+    ) -> str | None:
+        """Judge an in-flight payment at the destination chain's `depth`; record its end,
+        or replace or re-broadcast it."""
+        try:
+            observation = payer.observe(payment.tx_hashes, payment.nonce, depth)
+        except Exception as exc:  # unknown: it may be mined; ask again next round
+            log.warning(
+                "payment of %s: no answer from the node (%s: %s)",
+                deposit_id,
+                type(exc).__name__,
+                exc,
+            )
+            self._alert_if_old(payment)
+            return states.CREDIT_SUBMITTED
+        verdict = payments.judge(observation, payment, depth, self.settings.payment_replace_blocks)
+        if isinstance(verdict, Credited | Failed):
+            ref = payment.ref
+            return self._record(
+                deposit_id,
+                route,
+                verdict,
+                lambda d: d.status == states.CREDIT_SUBMITTED and d.provider_ref == ref,
+            )
+        self._alert_if_old(payment)
+        if isinstance(verdict, payments.Replace):
+            self._replace(deposit_id, payer, payment, observation.head)
+        elif not observation.known:
+            # The node lost it (dropped from its pool, or a reorg took the block): the
+            # same bytes again, so it can only ever be mined once.
+            log.warning("payment of %s unknown to the node: broadcast again", deposit_id)
+            payer.broadcast(payment.raw_tx)
+        return states.CREDIT_SUBMITTED
+
+    def _replace(
+        self, deposit_id: str, payer: EvmPayer, payment: payments.PaymentView, head: int
+    ) -> None:
+        """Same nonce and calldata, higher fees: stored first, then broadcast."""
+        try:
+            tx = payer.bump(payment.tx)
+        except Exception as exc:
+            log.warning("payment of %s: could not price a replacement (%s)", deposit_id, exc)
+            return
+        signed = payer.sign(tx, payment.nonce)
+        with self.db.transaction() as session:
+            deposit = store.lock(session, deposit_id)
+            if deposit is None or deposit.provider_ref != payment.ref:
+                return
+            current = payments.open_payment(session, deposit_id)
+            if current is None or list(current.tx_hashes) != list(payment.tx_hashes):
+                return  # another worker replaced it meanwhile
+            payments.replaced(session, payment.id, tx, signed.raw, signed.hash, head, self.clock())
+        log.warning(
+            "payment of %s not mined after %s blocks: replaced by %s (nonce %s)",
+            deposit_id,
+            self.settings.payment_replace_blocks,
+            signed.hash,
+            payment.nonce,
+        )
+        payer.broadcast(signed.raw)
+
+    def _alert_if_old(self, payment: payments.PaymentView) -> None:
+        now = self.clock()
+        age = (now - payment.created_at).total_seconds()
+        if payment.alerted or age < self.settings.payment_alert_s:
+            return
+        # Once per payment; settle_hot_wallet_payment_oldest_seconds shows it all along.
+        log.error(
+            "ALERT hot-wallet payment of %s in flight for %d s (nonce %s, transactions %s)",
+            payment.deposit_id,
+            age,
+            payment.nonce,
+            ", ".join(payment.tx_hashes),
+        )
+        with self.db.transaction() as session:
+            payments.mark_alerted(session, payment.id, now)
 
     def recover(self, deposit_id: str) -> str | None:
         """A payer or provider call that never came back (a crash): retry or review."""

@@ -1,0 +1,349 @@
+"""Paying exactly once from the hot wallet, against an unreliable node.
+
+The real pipeline (watcher, settling, `EvmPayer` over the real `Erc20TransferExecutor`)
+on PostgreSQL; the payer talks to the in-process EVM served over HTTP (`EvmNode`)
+through the fault-injecting proxy (`RpcProxy`); the watcher reads the node directly, so
+only the paying side meets the faults. Every test counts what reached the chain: the
+destination's token balance holds exactly one credit, and `deposit.credited` went out
+once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from eth_account.signers.local import LocalAccount
+
+from services.core.chains import ChainRegistry
+from services.core.deposits import states
+from services.core.deposits.metrics import ChainCollector
+from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import EvmPayer, Settlement
+from services.core.deposits.watcher import ChainWatcher
+from services.core.deposits.worker import Pipeline
+from services.core.hot_wallet import Erc20TransferExecutor
+from shared.db import Database
+from tests.conftest import TenantKeys
+from tests.support.deposits import (
+    AccountRef,
+    DepositParts,
+    deposit_event_types,
+    deposit_parts,
+    deposits_of,
+    make_account,
+    set_fee,
+    small_registry,
+    unique_chain_id,
+)
+from tests.support.evm_chain import EvmChain
+from tests.support.evm_node import EvmNode
+from tests.support.rpc_proxy import Fault, RpcProxy
+
+pytestmark = pytest.mark.integration
+
+USDC = 10**6
+#: The destination chain's depth (the test chain pays its own deposits).
+DEPTH = 3
+#: The payer's client timeout: short, so a held call fails fast.
+TIMEOUT_S = 0.5
+SETTINGS = PipelineSettings(
+    poll_s=0.0, retry_base_s=0.0, sandbox_block_s=0, payment_replace_blocks=4
+)
+
+
+@pytest.fixture(scope="module")
+def evm() -> EvmChain:
+    return EvmChain()
+
+
+@dataclass
+class Rig:
+    evm: EvmChain
+    node: EvmNode
+    proxy: RpcProxy
+    token: str
+    registry: ChainRegistry
+    chain_id: int
+    hot: LocalAccount
+    customer: LocalAccount
+    account: AccountRef
+    wallet: str
+    watcher: ChainWatcher
+    db: Database
+
+    def parts(self, settings: PipelineSettings = SETTINGS) -> DepositParts:
+        """The deposit use cases with a hot-wallet payer of their own (one per worker)."""
+        executor = Erc20TransferExecutor.from_url(
+            self.proxy.url, self.hot.key, TIMEOUT_S, chain_id=self.evm.chain_id
+        )
+        settlement = Settlement(self.registry, payers={self.chain_id: EvmPayer(executor)})
+        return deposit_parts(self.db, self.registry, settlement=settlement, settings=settings)
+
+    def pipeline(self, parts: DepositParts) -> Pipeline:
+        return Pipeline(
+            settling=parts.settling,
+            sandbox=SandboxConfirmer(parts.detection, SandboxChain(0)),
+            settings=parts.settings,
+        )
+
+    def deposit(self, amount_raw: int) -> str:
+        """A deposit of `amount_raw` sent, confirmed at depth; its id."""
+        before = {d.id for d in deposits_of(self.db, self.account)}
+        to = self.account.address(self.chain_id)
+        self.evm.transfer(self.token, self.customer, to, amount_raw)
+        self.evm.mine(DEPTH)
+        self.watcher.tick()
+        (new,) = [d for d in deposits_of(self.db, self.account) if d.id not in before]
+        assert new.status == states.SOURCE_CONFIRMED
+        return new.id
+
+    def status(self, deposit_id: str) -> str:
+        return next(d for d in deposits_of(self.db, self.account) if d.id == deposit_id).status
+
+    def paid(self) -> int:
+        return self.evm.balance_of(self.token, self.wallet)
+
+    def credited_events(self, deposit_id: str) -> int:
+        return deposit_event_types(self.db, deposit_id).count("deposit.credited")
+
+
+def _rig(evm: EvmChain, db: Database, tenant: TenantKeys, **node_options: Any) -> Iterator[Rig]:
+    token = evm.deploy_token("USDC", 6)
+    chain_id = unique_chain_id()
+    registry = small_registry(chain_id=chain_id, depth=DEPTH, usdc=token, min_deposit_usd=1.0)
+    hot = evm.new_account()
+    evm.mint(token, hot.address, 1_000_000 * USDC)
+    customer = evm.new_account()
+    evm.mint(token, customer.address, 10_000 * USDC)
+    wallet = evm.new_account(0).address
+    account = make_account(
+        db,
+        tenant.tenant_id,
+        registry,
+        dest_chain_id=chain_id,
+        dest_address=wallet,
+        dest_token_address=token,
+    )
+    set_fee(db, chain_id, "0.50")
+    chain = registry.get(chain_id)
+    assert chain is not None
+    watcher_parts = deposit_parts(db, registry, settings=SETTINGS)
+    watcher = ChainWatcher(
+        watcher_parts.detection, chain, evm.reader(), lag_blocks=0, start_block=evm.head() + 1
+    )
+    with (
+        EvmNode(evm, **node_options) as node,
+        RpcProxy(node.url, hold_s=TIMEOUT_S * 3) as proxy,
+    ):
+        yield Rig(
+            evm, node, proxy, token, registry, chain_id, hot, customer, account, wallet, watcher, db
+        )
+
+
+@pytest.fixture
+def rig(evm: EvmChain, pg_db: Database, tenant: TenantKeys) -> Iterator[Rig]:
+    """A node that mines every broadcast at once."""
+    yield from _rig(evm, pg_db, tenant)
+
+
+@pytest.fixture
+def pooled(evm: EvmChain, pg_db: Database, tenant: TenantKeys) -> Iterator[Rig]:
+    """A node that keeps broadcasts in its pool until the test mines."""
+    yield from _rig(evm, pg_db, tenant, mine_sends=False)
+
+
+def run_until_credited(rig: Rig, pipeline: Pipeline, deposit_id: str, rounds: int = 12) -> int:
+    """Settlement rounds, one block mined after each, until credited; rounds used."""
+    for n in range(1, rounds + 1):
+        pipeline.settle_round()
+        if rig.status(deposit_id) == states.CREDITED:
+            return n
+        rig.evm.mine()
+    raise AssertionError(f"not credited after {rounds} rounds: {rig.status(deposit_id)}")
+
+
+def payment_rows(db: Database, deposit_id: str) -> list[dict[str, Any]]:
+    with db.reader() as session:
+        rows = session.execute(
+            sa.text(
+                "SELECT nonce, tx_hashes, outcome FROM hot_wallet_payments "
+                "WHERE deposit_id = :d ORDER BY id"
+            ),
+            {"d": deposit_id},
+        )
+        return [dict(r._mapping) for r in rows]
+
+
+def in_flight_metric(rig: Rig) -> float:
+    """settle_hot_wallet_payments_in_flight of the rig's chain (0 when absent)."""
+    for family in ChainCollector(rig.db).collect():
+        if family.name == "settle_hot_wallet_payments_in_flight":
+            for sample in family.samples:
+                if sample.labels["chain_id"] == str(rig.chain_id):
+                    return sample.value
+    return 0
+
+
+# -- 1. an error after the broadcast never makes a second payment ---------------------------
+
+
+@pytest.mark.parametrize("fault", [Fault.TIMEOUT, Fault.RESET, Fault.HTTP_429])
+def test_receipt_poll_failing_after_the_broadcast_pays_once(rig: Rig, fault: Fault) -> None:
+    deposit_id = rig.deposit(100 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    # Given every receipt poll fails (the node has the transfer and mines it)
+    rig.proxy.fail("eth_getTransactionReceipt", fault, times=None)
+    for _ in range(3):
+        pipeline.settle_round()
+        rig.evm.mine()
+    assert rig.status(deposit_id) != states.CREDITED
+    # When the node answers again
+    rig.proxy.clear()
+    run_until_credited(rig, pipeline, deposit_id)
+    # Then exactly one transfer reached the destination, and one receipt went out
+    assert rig.paid() == 99_500_000
+    assert rig.credited_events(deposit_id) == 1
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert payment["outcome"] == "mined" and len(payment["tx_hashes"]) == 1
+
+
+def test_broadcast_timing_out_after_the_node_took_it_pays_once(rig: Rig) -> None:
+    deposit_id = rig.deposit(40 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    # Given the node takes the broadcast but the answer never comes back
+    rig.proxy.fail("eth_sendRawTransaction", Fault.TIMEOUT, forward=True)
+    run_until_credited(rig, pipeline, deposit_id)
+    assert rig.paid() == 39_500_000
+    assert rig.credited_events(deposit_id) == 1
+    # Only our own logic sends: one broadcast (web3's own re-send is off)
+    assert rig.proxy.count("eth_sendRawTransaction") == 1
+
+
+def test_a_failed_poll_of_an_in_flight_credit_pays_once(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(20 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    pipeline.settle_round()
+    assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    assert len(rig.node.pooled()) == 1
+    # When one poll of the in-flight credit fails
+    rig.proxy.fail(None, Fault.RPC_ERROR, times=None, message="upstream busy")
+    pipeline.settle_round()
+    rig.proxy.clear()
+    # Then nothing new was signed: the same transaction is mined and credited
+    assert len(rig.node.pooled()) == 1
+    run_until_credited(rig, pipeline, deposit_id)
+    assert rig.paid() == 19_500_000
+    assert rig.credited_events(deposit_id) == 1
+
+
+# -- 3. dropped or underpriced: the same bytes again, or a replacement ------------------------
+
+
+def test_a_dropped_broadcast_is_sent_again_as_the_same_transaction(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(30 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    # Given the node answers the broadcast with its hash and drops it
+    rig.proxy.drop_sends()
+    pipeline.settle_round()
+    (dropped,) = rig.proxy.dropped
+    # Then its poll found the node did not know it and sent the same bytes again
+    assert rig.node.pooled() == [dropped]
+    assert rig.proxy.count("eth_sendRawTransaction") == 2
+    run_until_credited(rig, pipeline, deposit_id)
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert payment["tx_hashes"] == [dropped]
+    (deposit,) = [d for d in deposits_of(rig.db, rig.account) if d.id == deposit_id]
+    assert deposit.credit_tx_hash == dropped
+    assert rig.paid() == 29_500_000
+
+
+def test_an_underpriced_payment_is_replaced_with_the_same_nonce(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(50 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    pipeline.settle_round()
+    (first,) = rig.node.pool.values()
+    # Given the network's fees rose past what the payment offers: it stays in the pool
+    rig.node.min_fee_wei = first.max_fee + 1
+    for _ in range(SETTINGS.payment_replace_blocks):
+        rig.evm.mine()
+        pipeline.settle_round()
+        assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    # (ops see it in flight, and how old it is)
+    assert in_flight_metric(rig) == 1
+    # Then it was replaced: same nonce, same calldata, higher fees; the replacement is mined
+    run_until_credited(rig, pipeline, deposit_id)
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert len(payment["tx_hashes"]) == 2 and payment["nonce"] == first.nonce
+    mined = rig.evm.receipt(payment["tx_hashes"][1])
+    assert mined["status"] == 1
+    assert rig.paid() == 49_500_000
+    assert rig.credited_events(deposit_id) == 1
+    assert in_flight_metric(rig) == 0
+
+
+# -- 3. several workers, one wallet ------------------------------------------------------------
+
+
+def test_two_workers_on_one_wallet_never_reuse_a_nonce(rig: Rig) -> None:
+    ids = [rig.deposit((10 + n) * USDC) for n in range(6)]
+    # Given two workers (each its own payer and node connection) and a slow broadcast,
+    # so both hold a "pending nonce" before either transaction reaches the node
+    rig.proxy.delay("eth_sendRawTransaction", 0.3, times=None)
+    pipelines = [rig.pipeline(rig.parts()), rig.pipeline(rig.parts())]
+
+    def work(pipeline: Pipeline) -> None:
+        for _ in range(2):
+            pipeline.settle_round()
+
+    for _ in range(10):
+        threads = [threading.Thread(target=work, args=(p,)) for p in pipelines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        rig.evm.mine()
+        if all(rig.status(i) == states.CREDITED for i in ids):
+            break
+    assert [rig.status(i) for i in ids] == [states.CREDITED] * 6
+    # Then each deposit was paid once, by its first attempt, with a nonce of its own
+    assert rig.paid() == sum((10 + n) * USDC - 500_000 for n in range(6))
+    for deposit in deposits_of(rig.db, rig.account):
+        assert (deposit.settle_attempts, deposit.failed_providers) == (1, [])
+        assert rig.credited_events(deposit.id) == 1
+    nonces = [row["nonce"] for i in ids for row in payment_rows(rig.db, i)]
+    assert len(nonces) == 6 and len(set(nonces)) == 6
+
+
+# -- 8. a payout is final at the destination chain's depth -------------------------------------
+
+
+def test_a_payout_counts_only_at_depth_and_a_reorged_out_payout_lands_again(rig: Rig) -> None:
+    deposit_id = rig.deposit(60 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    snapshot = rig.evm.snapshot()
+    # Given the payout is mined (at once) and has one more block on it
+    pipeline.settle_round()
+    assert rig.paid() == 59_500_000
+    rig.evm.mine()
+    pipeline.settle_round()
+    # Then it is not credited yet: two confirmations of three
+    assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    # When a reorg drops the block that held it
+    rig.evm.revert(snapshot)
+    rig.evm.mine(2)
+    assert rig.paid() == 0
+    # Then it goes on in flight, the same transaction lands again, and only then credits
+    run_until_credited(rig, pipeline, deposit_id)
+    assert rig.paid() == 59_500_000
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert len(payment["tx_hashes"]) == 1
+    assert rig.credited_events(deposit_id) == 1
