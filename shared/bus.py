@@ -26,6 +26,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
+from shared import logs
 from shared.settings import env_str, environ
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class OutgoingEvent:
     event_id: str
     event_type: str
     body: bytes
+    #: The API request that caused it (sent as the AMQP correlation_id), if any.
+    request_id: str | None = None
 
 
 class EventPublisher(Protocol):
@@ -270,6 +273,7 @@ class RabbitPublisher:
                         delivery_mode=pika.DeliveryMode.Persistent,
                         content_type="application/json",
                         message_id=event.event_id,
+                        correlation_id=event.request_id,
                         type=event.event_type,
                         user_id=self.user_id,
                     ),
@@ -346,7 +350,10 @@ class InProcessBus:
     def publish_batch(self, batch: Sequence[OutgoingEvent]) -> None:
         for index, event in enumerate(batch):
             try:
-                self._handler(event.body)
+                # The handler reads the causing request's id as the consumer reads the
+                # correlation_id: here, as the id of the "request" it is serving.
+                with logs.request_scope(event.request_id):
+                    self._handler(event.body)
             except Exception as err:
                 raise PublishError(
                     f"in-process handler failed for {event.event_id}: {err!r}", confirmed=index

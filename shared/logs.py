@@ -7,7 +7,10 @@
 
 Every API request gets an id: the ingress's `X-Request-Id` when it looks like one
 (nginx passes the client's or makes one), otherwise a new one. It is returned in the
-response's `X-Request-Id` and carried by every log line written while the request runs.
+response's `X-Request-Id` and carried by every log line written while the request runs,
+and beyond it: the outbox row of each event the request wrote keeps it, the relay sends
+it as the message's AMQP `correlation_id`, the notifier stores it with the event, and
+each delivery attempt of the event logs under it (`request_scope`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -36,6 +41,22 @@ _current: ContextVar[str | None] = ContextVar("settle_request_id", default=None)
 def request_id() -> str | None:
     """The id of the request being served on this thread, if any."""
     return _current.get()
+
+
+def plausible_request_id(value: object) -> str | None:
+    """`value` if it is a request id as the ingress accepts them, else None."""
+    return value if isinstance(value, str) and _REQUEST_ID.match(value) else None
+
+
+@contextmanager
+def request_scope(rid: str | None) -> Iterator[None]:
+    """Log lines written inside carry `rid` (work done for a request, after it: the
+    notifier storing its events, a worker attempting its deliveries)."""
+    token = _current.set(rid)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 class _RequestIdFilter(logging.Filter):

@@ -133,6 +133,9 @@ class OutboxEvent(CoreBase):
     event_id: Mapped[str] = mapped_column(sa.String(120), unique=True)
     event_type: Mapped[str] = mapped_column(sa.String(60))
     tenant_id: Mapped[str] = mapped_column(sa.String(36), index=True)
+    #: The id of the API request whose transaction wrote it (X-Request-Id); None when no
+    #: request did (the worker's pipeline). The relay carries it to the notifier.
+    request_id: Mapped[str | None] = mapped_column(sa.String(128), nullable=True)
     #: The exact envelope bytes (UTF-8 JSON) that receivers will get.
     body: Mapped[str] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

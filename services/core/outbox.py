@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from services.core.models import OutboxEvent
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
-from shared import events
+from shared import events, logs
 from shared.db import database_of, execute_many
 from shared.timefmt import parse_iso, utcnow
 
@@ -28,12 +28,10 @@ _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
 #: `inline()`: no implicit `RETURNING id` (nothing reads the new row's id).
 _INSERT = _OUTBOX.insert().inline()
+_COLUMNS = ("event_id", "event_type", "tenant_id", "body", "created_at", "request_id")
 #: The same INSERT with a bind parameter per column (for statements built on it).
 INSERT_EVENT = _OUTBOX.insert().values(
-    {
-        column: sa.bindparam(column, type_=_OUTBOX.c[column].type)
-        for column in ("event_id", "event_type", "tenant_id", "body", "created_at")
-    }
+    {column: sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS}
 )
 
 
@@ -45,7 +43,11 @@ def event_row(
     event_id: str | None = None,
     created_at: datetime | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A new event's envelope and the outbox row (column values) that stores it."""
+    """A new event's envelope and the outbox row (column values) that stores it.
+
+    The row carries the id of the request being served (None outside a request), so
+    the request's log lines, the notifier's and each delivery attempt's share it.
+    """
     envelope = events.envelope(
         event_type, tenant_id, data, event_id=event_id, created_at=created_at or utcnow()
     )
@@ -55,6 +57,7 @@ def event_row(
         "tenant_id": tenant_id,
         "body": events.encode(envelope).decode("utf-8"),
         "created_at": parse_iso(envelope["createdAt"]),
+        "request_id": logs.request_id(),
     }
     return envelope, row
 
@@ -85,12 +88,7 @@ def emit(
 #: INSERT_EVENT skipping a durable event id already written; returns the ids it wrote.
 INSERT_NEW_EVENT = (
     pg_insert(_OUTBOX)
-    .values(
-        {
-            column: sa.bindparam(column, type_=_OUTBOX.c[column].type)
-            for column in ("event_id", "event_type", "tenant_id", "body", "created_at")
-        }
-    )
+    .values({column: sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS})
     .on_conflict_do_nothing(index_elements=["event_id"])
     .returning(_OUTBOX.c.event_id)
 )

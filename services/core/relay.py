@@ -129,7 +129,13 @@ def relay_once(
 
 def _unpublished(batch_size: int) -> sa.Select[Any]:
     return (
-        sa.select(OutboxEvent.id, OutboxEvent.event_id, OutboxEvent.event_type, OutboxEvent.body)
+        sa.select(
+            OutboxEvent.id,
+            OutboxEvent.event_id,
+            OutboxEvent.event_type,
+            OutboxEvent.body,
+            OutboxEvent.request_id,
+        )
         .where(OutboxEvent.published_at.is_(None))
         .order_by(OutboxEvent.id)
         .limit(batch_size)
@@ -142,7 +148,10 @@ def _publish(
     """Row ids the bus confirmed (a prefix of `rows`), and the failure if not all were."""
     try:
         publisher.publish_batch(
-            [OutgoingEvent(r.event_id, r.event_type, r.body.encode("utf-8")) for r in rows]
+            [
+                OutgoingEvent(r.event_id, r.event_type, r.body.encode("utf-8"), r.request_id)
+                for r in rows
+            ]
         )
     except PublishError as err:
         return [r.id for r in rows[: err.confirmed]], err

@@ -36,7 +36,7 @@ from services.notifier.secret_cache import SecretCache
 from services.notifier.secrets import SecretDecryptError
 from services.notifier.sender import SendResult
 from services.notifier.webhook_endpoints import ENDPOINT_DELETED
-from shared import signing
+from shared import logs, signing
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -130,16 +130,22 @@ class Deliverer:
             )
             if claim is None:
                 return "not_claimed"
-            if not self.limiter.try_acquire(claim.endpoint_id):
-                self._put_back(conn, claim, bounces)
-                return "saturated"
-            try:
-                if claim.deleted_at is not None or claim.endpoint_status != ENABLED:
-                    self._stop(conn, claim)
-                    return "stopped"
-                return self._attempt(conn, claim)
-            finally:
-                self.limiter.release(claim.endpoint_id)
+            # Every line of the attempt carries the id of the request that caused the event.
+            with logs.request_scope(claim.request_id):
+                return self._claimed(conn, claim, bounces)
+
+    def _claimed(self, conn: Connection, claim: Claim, bounces: int) -> str:
+        """The delivery is this worker's: attempt it, or put it back or stop it."""
+        if not self.limiter.try_acquire(claim.endpoint_id):
+            self._put_back(conn, claim, bounces)
+            return "saturated"
+        try:
+            if claim.deleted_at is not None or claim.endpoint_status != ENABLED:
+                self._stop(conn, claim)
+                return "stopped"
+            return self._attempt(conn, claim)
+        finally:
+            self.limiter.release(claim.endpoint_id)
 
     def _put_back(self, conn: Connection, claim: Claim, bounces: int) -> None:
         """The endpoint has every slot busy here: let go and try again a little later.

@@ -34,6 +34,7 @@ from services.notifier.context import NotifierContext
 from services.notifier.deliveries import InvalidEvent, event_row, insert_events, parse_envelope
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
+from shared import logs
 from shared.backoff import Backoff
 from shared.bus import BusNames, declare_events_exchange
 from shared.db import Database
@@ -68,6 +69,7 @@ def store_events(
     metrics: NotifierMetrics | None = None,
     *,
     now: datetime | None = None,
+    request_ids: Sequence[str | None] | None = None,
 ) -> list[Handled]:
     """Store a batch of events and their deliveries in ONE transaction (committed on return).
 
@@ -79,9 +81,13 @@ def store_events(
     On the fast executor (`Database.driver_transaction`): one pipelined INSERT for
     the events, one fan-out query per (tenant, type) of the batch (`fanout`), one
     pipelined INSERT for the deliveries.
+
+    `request_ids` (one per body, or None): the API requests that caused the events (the
+    messages' correlation_id), stored with them for the delivery attempts' log lines.
     """
     results = [Handled() for _ in bodies]
     parsed: dict[str, tuple[int, bytes, dict[str, Any]]] = {}
+    causes = list(request_ids) if request_ids is not None else [None] * len(bodies)
     repeats: list[tuple[int, str]] = []
     for index, body in enumerate(bodies):
         try:
@@ -97,7 +103,10 @@ def store_events(
     if parsed:
         now = now or utcnow()
         with db.driver_transaction() as conn:
-            rows = [event_row(envelope, body, now) for _index, body, envelope in parsed.values()]
+            rows = [
+                event_row(envelope, body, now, causes[index])
+                for index, body, envelope in parsed.values()
+            ]
             stored = insert_events(db, conn, rows)
             subscribers: dict[tuple[str, str], list[str]] = {}
             made: list[dict[str, Any]] = []
@@ -147,7 +156,8 @@ def handle_event(
 
     Raises MalformedEvent for a body that is not an event envelope.
     """
-    (handled,) = store_events(ctx.db, [body], metrics)
+    # The in-process bus runs this in the scope of the request that caused the event.
+    (handled,) = store_events(ctx.db, [body], metrics, request_ids=[logs.request_id()])
     if handled.malformed is not None:
         raise MalformedEvent(handled.malformed)
     ctx.hand_off(handled.delivery_ids)
@@ -218,7 +228,7 @@ class EventConsumer:
                 log.info("notifier consumer ready on %s", names.notifier_queue)
                 if ready is not None:
                     ready.set()
-                batch: list[tuple[Basic.Deliver, bytes]] = []
+                batch: list[tuple[Basic.Deliver, bytes, str | None]] = []
                 for method, props, body in channel.consume(
                     names.notifier_queue, inactivity_timeout=IDLE_CHECK_S
                 ):
@@ -226,7 +236,7 @@ class EventConsumer:
                         channel, method, props, self.ctx.config.core_amqp_user, self.metrics
                     ):
                         assert body is not None
-                        batch.append((method, body))
+                        batch.append((method, body, props.correlation_id))
                         # Take what is already here, then store it in one transaction.
                         if len(batch) < max_batch and channel.get_waiting_message_count() > 0:
                             continue
@@ -244,18 +254,25 @@ class EventConsumer:
                     with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                         connection.close()
 
-    def process(self, channel: BlockingChannel, batch: list[tuple[Basic.Deliver, bytes]]) -> None:
+    def process(
+        self, channel: BlockingChannel, batch: list[tuple[Basic.Deliver, bytes, str | None]]
+    ) -> None:
         """Store a batch, hand off its deliveries, then settle every message of it."""
         ctx = self.ctx
         try:
-            results = store_events(ctx.db, [body for _, body in batch], self.metrics)
+            results = store_events(
+                ctx.db,
+                [body for _, body, _ in batch],
+                self.metrics,
+                request_ids=[cause for _, _, cause in batch],
+            )
         except (psycopg.DataError, psycopg.IntegrityError):
             # Something in the batch is refused by the database every time: find it.
             if len(batch) > 1:
                 for one in batch:
                     self.process(channel, [one])
                 return
-            method, body = batch[0]
+            method, body, _ = batch[0]
             log.error("dead-lettered an event the database refuses; body=%r", body[:200])
             channel.basic_reject(method.delivery_tag, requeue=False)
             return
@@ -267,7 +284,7 @@ class EventConsumer:
             return
         self.db_backoff.reset()
         ids: list[str] = []
-        for (method, body), handled in zip(batch, results, strict=True):
+        for (method, body, _), handled in zip(batch, results, strict=True):
             if handled.malformed is not None:
                 log.error(
                     "dead-lettered a malformed event message (%s); body=%r",
@@ -277,6 +294,6 @@ class EventConsumer:
                 channel.basic_reject(method.delivery_tag, requeue=False)
             ids.extend(i for i in handled.delivery_ids if i not in ids)
         ctx.hand_off(ids)
-        acked = [m for (m, _), h in zip(batch, results, strict=True) if h.malformed is None]
+        acked = [m for (m, _, _), h in zip(batch, results, strict=True) if h.malformed is None]
         if acked:
             channel.basic_ack(acked[-1].delivery_tag, multiple=True)

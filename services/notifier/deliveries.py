@@ -33,6 +33,7 @@ from shared import event_catalog, events
 from shared.api import Page, field_error, keyset_page
 from shared.db import Database, adopt, database_of, driver_connection
 from shared.errors import Conflict, NotFound
+from shared.logs import plausible_request_id
 from shared.timefmt import parse_iso, utcnow
 
 #: Longest window of one recovery.
@@ -44,7 +45,15 @@ TEST_MESSAGE = "Test delivery from Settle"
 
 
 #: Every column of a stored event (all bound: no Python-side default).
-_EVENT_COLUMNS = ("id", "tenant_id", "event_type", "body", "created_at", "received_at")
+_EVENT_COLUMNS = (
+    "id",
+    "tenant_id",
+    "event_type",
+    "body",
+    "created_at",
+    "received_at",
+    "request_id",
+)
 
 
 class InvalidEvent(ValueError):
@@ -80,8 +89,11 @@ def parse_envelope(body: bytes) -> dict[str, Any]:
     return envelope
 
 
-def event_row(envelope: dict[str, Any], body: bytes, now: datetime) -> dict[str, Any]:
-    """The stored event's columns: the body kept byte for byte (every delivery sends it)."""
+def event_row(
+    envelope: dict[str, Any], body: bytes, now: datetime, request_id: str | None = None
+) -> dict[str, Any]:
+    """The stored event's columns: the body kept byte for byte (every delivery sends it),
+    and the id of the request that caused it (None when unknown or implausible)."""
     return {
         "id": envelope["id"],
         "tenant_id": envelope["tenantId"],
@@ -89,6 +101,7 @@ def event_row(envelope: dict[str, Any], body: bytes, now: datetime) -> dict[str,
         "body": body.decode("utf-8"),
         "created_at": parse_iso(envelope["createdAt"]),
         "received_at": now,
+        "request_id": plausible_request_id(request_id),
     }
 
 

@@ -69,6 +69,8 @@ class Claim:
     secret_encrypted: str
     previous_secret_encrypted: str | None
     previous_secret_expires_at: datetime | None
+    #: The API request that caused the event (its attempts log under it), if any.
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ def _claim_statement() -> sa.Update:
             Endpoint.secret_encrypted,
             Endpoint.previous_secret_encrypted,
             Endpoint.previous_secret_expires_at,
+            StoredEvent.request_id,
         )
     )
 
@@ -254,8 +257,18 @@ class DeliveryStore:
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
             return None
-        number, event_id, endpoint_id, body, created_at, *endpoint = row
-        return Claim(delivery_id, lease, number, event_id, body, created_at, endpoint_id, *endpoint)
+        number, event_id, endpoint_id, body, created_at, *endpoint, request_id = row
+        return Claim(
+            delivery_id,
+            lease,
+            number,
+            event_id,
+            body,
+            created_at,
+            endpoint_id,
+            *endpoint,
+            request_id,
+        )
 
     def record(
         self,

@@ -39,6 +39,9 @@ class StoredEvent(NotifierBase):
     #: The envelope's createdAt (when core committed it).
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: The id of the core API request that caused the event (AMQP correlation_id), if
+    #: any: every delivery attempt's log line carries it.
+    request_id: Mapped[str | None] = mapped_column(sa.String(128), nullable=True)
 
 
 class Endpoint(NotifierBase):

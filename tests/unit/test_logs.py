@@ -13,6 +13,7 @@ from flask import Flask
 
 from shared import logs
 from shared.api import make_api
+from shared.bus import InProcessBus, OutgoingEvent
 
 
 class Tty(io.StringIO):
@@ -77,3 +78,23 @@ def test_dev_lines_have_one_timestamp_and_colour_only_on_a_terminal(
     assert "\033[33m" in to_tty.getvalue()
     # Outside a request there is no id
     assert logs.request_id() is None
+
+
+def test_the_in_process_bus_hands_each_event_over_in_its_request_scope() -> None:
+    # Given the bus settle dev runs, and a handler noting the request id it runs under
+    seen: list[str | None] = []
+    bus = InProcessBus(lambda body: seen.append(logs.request_id()))
+    # When the relay publishes an event a request caused and one no request did
+    bus.publish_batch(
+        [OutgoingEvent("evt_1", "t", b"{}", "req_abc"), OutgoingEvent("evt_2", "t", b"{}")]
+    )
+    # Then the handler ran under each one's id, and nothing is left bound
+    assert seen == ["req_abc", None]
+    assert logs.request_id() is None
+
+
+def test_only_plausible_request_ids_are_kept() -> None:
+    assert logs.plausible_request_id("req_abc-1:2.3") == "req_abc-1:2.3"
+    assert logs.plausible_request_id("a" * 129) is None
+    assert logs.plausible_request_id("bad id") is None
+    assert logs.plausible_request_id(None) is None
