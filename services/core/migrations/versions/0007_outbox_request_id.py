@@ -1,7 +1,7 @@
 """the id of the request that caused each outbox event (carried to the notifier)
 
-Revision ID: core_0006
-Revises: core_0005
+Revision ID: core_0007
+Revises: core_0006
 Create Date: 2026-11-24 01:40:00
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "core_0006"
-down_revision: str | None = "core_0005"
+revision: str = "core_0007"
+down_revision: str | None = "core_0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
