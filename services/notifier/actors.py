@@ -20,11 +20,13 @@ job queues in broker.py; wired together in delivery_engine.py.
 from __future__ import annotations
 
 import logging
+import random
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import dramatiq
 
+from services.notifier.breaker import CircuitBreakers
 from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
 from services.notifier.delivery_store import Claim, Connection, DeliveryStore
@@ -50,6 +52,9 @@ MAX_BOUNCES = 16
 #: The error of an attempt whose delivery another worker took over before it was
 #: recorded (its lease lapsed): the POST happened, its answer decided nothing.
 LEASE_LOST = "lease_lost"
+#: Dramatiq priority of retries (first attempts have 0): first attempts never wait
+#: behind a backlog of retries of failing endpoints.
+RETRY_PRIORITY = 10
 
 
 class Dispatch(Protocol):
@@ -101,6 +106,7 @@ class Deliverer:
         metrics: NotifierMetrics,
         *,
         limiter: EndpointLimiter,
+        breakers: CircuitBreakers,
         tuning: DeliveryTuning,
     ) -> None:
         self.config = config
@@ -110,6 +116,7 @@ class Deliverer:
         self.dispatch = dispatch
         self.metrics = metrics
         self.limiter = limiter
+        self.breakers = breakers
         self.tuning = tuning
         # The lease outlasts the attempt's deadline (DeliveryTuning checks the margin).
         self._lease_s = sender.deadline_s + tuning.lease_margin_s
@@ -135,17 +142,21 @@ class Deliverer:
                 return self._claimed(conn, claim, bounces)
 
     def _claimed(self, conn: Connection, claim: Claim, bounces: int) -> str:
-        """The delivery is this worker's: attempt it, or put it back or stop it."""
-        if not self.limiter.try_acquire(claim.endpoint_id):
+        """The delivery is this worker's: attempt it, or hold, put back or stop it."""
+        if claim.deleted_at is not None or claim.endpoint_status != ENABLED:
+            self._stop(conn, claim)
+            return "stopped"
+        wait_s = self.breakers.wait_s(claim.endpoint_id)
+        if wait_s > 0:
+            self._hold(conn, claim, wait_s)
+            return "held"
+        if not self.limiter.try_acquire(claim.endpoint_id, claim.tenant_id):
             self._put_back(conn, claim, bounces)
             return "saturated"
         try:
-            if claim.deleted_at is not None or claim.endpoint_status != ENABLED:
-                self._stop(conn, claim)
-                return "stopped"
             return self._attempt(conn, claim)
         finally:
-            self.limiter.release(claim.endpoint_id)
+            self.limiter.release(claim.endpoint_id, claim.tenant_id)
 
     def _put_back(self, conn: Connection, claim: Claim, bounces: int) -> None:
         """The endpoint has every slot busy here: let go and try again a little later.
@@ -157,6 +168,13 @@ class Deliverer:
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.saturated.inc()
         self.dispatch.schedule(claim.delivery_id, delay, bounces=min(bounces + 1, MAX_BOUNCES))
+
+    def _hold(self, conn: Connection, claim: Claim, wait_s: float) -> None:
+        """The endpoint's breaker is open: no attempt; due again when it may probe."""
+        delay = wait_s * random.uniform(1.0, 1.2)
+        self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
+        self.metrics.held.inc()
+        self.dispatch.schedule(claim.delivery_id, delay)
 
     def _stop(self, conn: Connection, claim: Claim) -> None:
         """The endpoint was deleted or disabled: the delivery ends failed, with no attempt."""
@@ -186,6 +204,13 @@ class Deliverer:
             timestamp=int(attempted_at.timestamp()),
         )
         result = self.sender.send(claim.url, body, headers)
+        if self.breakers.record(claim.endpoint_id, ok=result.ok):
+            self.metrics.breaker_opened.inc()
+            log.warning(
+                "endpoint %s: %d attempts in a row failed; holding its deliveries back",
+                claim.endpoint_id,
+                self.breakers.threshold,
+            )
         self.metrics.attempt_latency.observe(result.latency_ms / 1000.0)
         if result.ok:
             self._attempts_ok.inc()
@@ -318,6 +343,7 @@ class DeliveryActors:
             broker=queues.broker,
             actor_name=queues.retry_actor_name,
             queue_name=queues.retry_queue,
-            priority=0,
+            # Lower runs first: a worker takes first attempts before retries it fetched.
+            priority=RETRY_PRIORITY,
             options=dict(options),
         )

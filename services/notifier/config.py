@@ -50,6 +50,13 @@ class NotifierConfig:
     disable_after_s: float = 3 * 86400.0
     #: Concurrent attempts to one endpoint per worker process.
     per_endpoint_concurrency: int = 4
+    #: Most of a worker's threads one tenant's attempts may hold at once (a fraction).
+    tenant_share: float = 0.5
+    #: Attempts to one endpoint failing in a row before its breaker opens.
+    breaker_threshold: int = 5
+    #: First and longest time an open breaker holds an endpoint's deliveries back.
+    breaker_cooldown_s: float = 10.0
+    breaker_max_cooldown_s: float = 300.0
     #: Bounds on a receiver's Retry-After (429/503).
     retry_after_max_s: float = 3600.0
     #: The sweeper re-enqueues due deliveries whose lease lapsed, every this often.
@@ -115,6 +122,14 @@ class NotifierConfig:
             allow_private=allow_private,
             disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
             per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
+            tenant_share=_share(env, "SETTLE_WEBHOOK_TENANT_SHARE", 0.5),
+            breaker_threshold=_count(env, "SETTLE_WEBHOOK_BREAKER_FAILURES", 5),
+            breaker_cooldown_s=_seconds(
+                env, "SETTLE_WEBHOOK_BREAKER_COOLDOWN_S", 10.0, zero_ok=False
+            ),
+            breaker_max_cooldown_s=_seconds(
+                env, "SETTLE_WEBHOOK_BREAKER_MAX_COOLDOWN_S", 300.0, zero_ok=False
+            ),
             worker_threads=worker_threads,
             # Each worker thread holds a connection while its POST is in flight.
             db_pool_size=max(10, worker_threads + 4),
@@ -140,6 +155,16 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         bound = "0 or more" if zero_ok else "more than 0"
         raise SettingsError(f"{name} must be a number of seconds, {bound}, got {env.get(name)!r}")
+    return value
+
+
+def _share(env: Mapping[str, str], name: str, default: float) -> float:
+    """A fraction of a worker's threads: more than 0, at most 1."""
+    value = env_float(env, name, default)
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise SettingsError(
+            f"{name} must be a fraction, more than 0 and at most 1, got {env.get(name)!r}"
+        )
     return value
 
 

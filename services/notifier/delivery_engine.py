@@ -26,12 +26,13 @@ from dataclasses import dataclass, field, replace
 import dramatiq
 
 from services.notifier.actors import Deliverer, DeliveryActors
+from services.notifier.breaker import CircuitBreakers
 from services.notifier.broker import DeliveryQueues, build_broker
 from services.notifier.config import NotifierConfig
 from services.notifier.consumer import EventConsumer, inprocess_handler
 from services.notifier.context import NotifierContext
 from services.notifier.delivery_store import DeliveryStore
-from services.notifier.limiter import EndpointLimiter
+from services.notifier.limiter import EndpointLimiter, share_of
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.retry_policy import DeliveryTuning
 from services.notifier.secret_cache import SecretCache
@@ -139,7 +140,14 @@ def build_engine(
         SecretCache(ctx.secret_box),
         queues,
         metrics,
-        limiter=EndpointLimiter(config.per_endpoint_concurrency),
+        limiter=EndpointLimiter(
+            config.per_endpoint_concurrency, share_of(config.worker_threads, config.tenant_share)
+        ),
+        breakers=CircuitBreakers(
+            threshold=config.breaker_threshold,
+            cooldown_s=config.breaker_cooldown_s,
+            max_cooldown_s=config.breaker_max_cooldown_s,
+        ),
         tuning=settings.tuning,
     )
     actors = DeliveryActors(queues, deliverer)

@@ -62,6 +62,7 @@ class Claim:
     event_body: str
     event_created_at: datetime
     endpoint_id: str
+    tenant_id: str
     url: str
     endpoint_status: str
     deleted_at: datetime | None
@@ -111,6 +112,7 @@ def _claim_statement() -> sa.Update:
             Delivery.attempt_count,
             Delivery.event_id,
             Delivery.endpoint_id,
+            Delivery.tenant_id,
             StoredEvent.body,
             StoredEvent.created_at,
             Endpoint.url,
@@ -257,7 +259,7 @@ class DeliveryStore:
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
             return None
-        number, event_id, endpoint_id, body, created_at, *endpoint, request_id = row
+        number, event_id, endpoint_id, tenant_id, body, created_at, *endpoint, request_id = row
         return Claim(
             delivery_id,
             lease,
@@ -266,6 +268,7 @@ class DeliveryStore:
             body,
             created_at,
             endpoint_id,
+            tenant_id,
             *endpoint,
             request_id,
         )

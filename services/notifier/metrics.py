@@ -65,6 +65,16 @@ class NotifierMetrics:
             "Deliveries put back because their endpoint had all its slots busy in this process",
             registry=self.registry,
         )
+        self.held = Counter(
+            "settle_webhook_breaker_held",
+            "Deliveries put back because their endpoint's circuit breaker was open",
+            registry=self.registry,
+        )
+        self.breaker_opened = Counter(
+            "settle_webhook_breaker_opened",
+            "Times an endpoint's circuit breaker opened (its attempts kept failing)",
+            registry=self.registry,
+        )
         self.lease_lost = Counter(
             "settle_webhook_attempts_lease_lost",
             "Attempts whose delivery another worker took over before they were recorded",

@@ -36,6 +36,7 @@ def _view(current: str, previous: str | None = None, expires: datetime | None = 
         event_body="{}",
         event_created_at=NOW,
         endpoint_id="we_1",
+        tenant_id="t_1",
         url="https://example.com/hook",
         endpoint_status="enabled",
         deleted_at=None,

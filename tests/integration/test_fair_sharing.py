@@ -1,0 +1,162 @@
+"""Fair sharing of a worker: tenant and endpoint shares, first attempts first, the breaker.
+
+Real PostgreSQL, RabbitMQ and HTTP receivers on 127.0.0.1 for the pipeline tests (8
+worker threads, a tenant may hold half of them, an endpoint 2, 1 s attempt deadline);
+the queue-order test runs Dramatiq's StubBroker with a stand-in deliverer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+
+from services.notifier.actors import DeliveryActors
+from services.notifier.broker import DeliveryQueues
+from services.notifier.models import SUCCEEDED
+from shared import events
+from shared.bus import BusNames
+from tests.conftest import make_tenant
+from tests.support.pipeline import Pipeline, isolated_database, running_pipeline, wait_until
+from tests.support.receiver import Answer, Receiver
+from tests.support.services import require_service
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> Iterator[str]:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    with isolated_database("fairness") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pipeline(engine_url: str) -> Iterator[Pipeline]:
+    with running_pipeline(
+        engine_url,
+        worker_threads=8,
+        per_endpoint_concurrency=2,
+        tenant_share=0.5,
+        breaker_threshold=5,
+        breaker_cooldown_s=1.0,
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def rx() -> Iterator[Receiver]:
+    with Receiver() as receiver:
+        yield receiver
+
+
+def _deposit(n: int = 1) -> dict[str, object]:
+    return {"deposit": {"id": f"dep_{uuid.uuid4().hex[:10]}", "n": n}}
+
+
+def _most_at_once(times: list[float], held_s: float) -> int:
+    """Most requests begun within any window of `held_s` (each holds a thread that long)."""
+    times = sorted(times)
+    return max((sum(1 for t in times if s <= t < s + held_s) for s in times), default=0)
+
+
+def test_a_tenant_with_many_hanging_endpoints_holds_only_its_share(
+    pipeline: Pipeline, rx: Receiver
+) -> None:
+    # Given a tenant whose 6 endpoints all hang past the 1 s deadline: at 2 slots each
+    # they could take 12 threads, more than the worker's 8
+    hostile = make_tenant(pipeline.db).tenant_id
+    paths = [f"/hang{i}" for i in range(6)]
+    for path in paths:
+        rx.script(path, Answer.hang(3))
+        pipeline.endpoint(hostile, rx.url(path), [events.DEPOSIT_SOURCE_SEEN])
+    # And another tenant with a healthy endpoint
+    healthy = make_tenant(pipeline.db).tenant_id
+    pipeline.endpoint(healthy, rx.url("/fine"), [events.DEPOSIT_CREDITED])
+    # When the hostile tenant's events are being attempted
+    for n in range(4):
+        pipeline.emit(hostile, events.DEPOSIT_SOURCE_SEEN, _deposit(n))
+    assert rx.wait_for(lambda r: sum(len(r.hits(p)) for p in paths) >= 4, 10)
+    started = time.time()
+    sent = [pipeline.emit(healthy, events.DEPOSIT_CREDITED, _deposit(n)) for n in range(5)]
+    # Then the healthy tenant's events arrive at once: the hostile tenant holds at most
+    # half the threads, so the others are free
+    assert rx.wait_for(lambda r: len(r.hits("/fine")) >= 5, 5)
+    slowest = max(h.received_at for h in rx.hits("/fine")) - started
+    assert slowest < 0.8, f"the healthy tenant waited {slowest:.2f}s"
+    for envelope in sent:
+        pipeline.wait_status(envelope["id"], SUCCEEDED)
+    # And no 0.9 s window saw the hostile tenant hold more than its 4 threads
+    hostile_times = [h.received_at for p in paths for h in rx.hits(p)]
+    assert _most_at_once(hostile_times, 0.9) <= 4
+
+
+def test_the_breaker_stops_hammering_a_failing_endpoint_and_probes_until_it_answers(
+    pipeline: Pipeline, rx: Receiver
+) -> None:
+    # Given an endpoint that fails every attempt
+    rx.script("/down", Answer.fail(500))
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    pipeline.endpoint(tenant_id, rx.url("/down"), [events.DEPOSIT_CREDITED])
+    # When 20 events are delivered to it (1 + 3 retries each: 80 attempts without a breaker)
+    sent = [pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit(n)) for n in range(20)]
+    time.sleep(3.0)
+    # Then after a few failures the breaker holds the rest back, sending one probe a
+    # second or so
+    early = len(rx.hits("/down"))
+    assert early <= 5 + 2 * 8, f"{early} attempts in 3 s"
+    # And when the endpoint answers again, a probe finds out and every delivery goes
+    rx.script("/down", Answer.ok())
+    for envelope in sent:
+        pipeline.wait_status(envelope["id"], SUCCEEDED, timeout=30)
+    # And no delivery ran out its schedule while the breaker held it
+    deliveries = [d for e in sent for d in pipeline.deliveries(e["id"])]
+    assert all(d.attempt_count <= 4 for d in deliveries)
+
+
+class _Recorder:
+    """Stands in for the Deliverer: records the order of the jobs and takes 20 ms each."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+
+    def deliver(self, delivery_id: str, bounces: int = 0) -> str:
+        time.sleep(0.02)
+        with self.lock:
+            self.order.append(delivery_id)
+        return SUCCEEDED
+
+
+def test_first_attempts_are_not_queued_behind_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a worker (one thread, fetching ahead up to 100 jobs a queue) with 40
+    # retries queued and already underway
+    monkeypatch.setattr(dramatiq.worker, "QUEUE_PREFETCH", 100)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    queues = DeliveryQueues(broker, BusNames(f"t{uuid.uuid4().hex[:6]}."))
+    recorder = _Recorder()
+    DeliveryActors(queues, recorder)  # type: ignore[arg-type]
+    for n in range(40):
+        queues.schedule(f"retry-{n}", 0.0)
+    worker = dramatiq.Worker(broker, worker_threads=1, queues={queues.queue, queues.retry_queue})
+    worker.start()
+    try:
+        wait_until(lambda: len(recorder.order) >= 3, 10, "retries underway")
+        # When a first attempt arrives
+        with recorder.lock:
+            done_before = len(recorder.order)
+            queues.enqueue(["first"])
+        wait_until(lambda: "first" in recorder.order, 10, "the first attempt")
+        retries_after: Any = recorder.order.index("first") - done_before
+    finally:
+        worker.stop()
+        broker.close()
+    # Then it goes next (give or take the job in hand), not after the remaining retries
+    assert retries_after <= 2, recorder.order
