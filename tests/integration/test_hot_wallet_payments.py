@@ -29,6 +29,7 @@ from services.core.deposits.watcher import ChainWatcher
 from services.core.deposits.worker import Pipeline
 from services.core.hot_wallet import Erc20TransferExecutor
 from shared.db import Database
+from shared.errors import Conflict
 from tests.conftest import TenantKeys
 from tests.support.deposits import (
     AccountRef,
@@ -347,3 +348,83 @@ def test_a_payout_counts_only_at_depth_and_a_reorged_out_payout_lands_again(rig:
     (payment,) = payment_rows(rig.db, deposit_id)
     assert len(payment["tx_hashes"]) == 1
     assert rig.credited_events(deposit_id) == 1
+
+
+# -- 2. ops cannot pay what may still land ------------------------------------------------------
+
+OPS_NOW = PipelineSettings(
+    poll_s=0.0,
+    retry_base_s=0.0,
+    sandbox_block_s=0,
+    payment_replace_blocks=4,
+    ops_stuck_after_s=0.0,  # the pipeline's own "stuck" rule never stands in the way here
+)
+ELSEWHERE = "0x" + "ee" * 32
+
+
+def test_ops_cannot_credit_or_fail_a_payment_that_may_still_be_mined(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(70 * USDC)
+    parts = rig.parts(OPS_NOW)
+    rig.pipeline(parts).settle_round()
+    (in_flight,) = rig.node.pooled()
+    assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    # When ops credit it with a transaction of their own, or fail it
+    with pytest.raises(Conflict) as credit:
+        parts.ops.credit(deposit_id, ELSEWHERE, by="ops-ann", reason="paid by hand")
+    with pytest.raises(Conflict) as fail:
+        parts.ops.fail(deposit_id, "customer refunded", by="ops-ann")
+    # Then both are refused, saying why and what to do
+    for refusal in (credit.value.message, fail.value.message):
+        assert "may still be mined" in refusal and in_flight in refusal
+        assert f"--tx {in_flight}" in refusal or "--tx <" in refusal
+        assert "nonce" in refusal
+    assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    # And crediting it with the payment's own transaction is allowed: it is that payment
+    deposit = parts.ops.credit(deposit_id, in_flight, by="ops-ann", reason="seen on chain")
+    assert (deposit.status, deposit.credit_tx_hash) == (states.CREDITED, in_flight)
+    rig.evm.mine(DEPTH)
+    rig.pipeline(parts).settle_round()
+    assert rig.paid() == 69_500_000
+    assert rig.credited_events(deposit_id) == 1
+    assert [row["outcome"] for row in payment_rows(rig.db, deposit_id)] == ["ops"]
+
+
+def test_ops_may_fail_a_payment_whose_nonce_another_transaction_used(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(80 * USDC)
+    parts = rig.parts(OPS_NOW)
+    rig.pipeline(parts).settle_round()
+    (ours,) = rig.node.pool.values()
+    # Given ops cancel it: another transaction from the hot wallet with the same nonce
+    # (a 0-value transfer to itself, fees 20 % higher) replaces it and is mined
+    cancel = rig.hot.sign_transaction(
+        {
+            "to": rig.hot.address,
+            "value": 0,
+            "gas": 21_000,
+            "nonce": ours.nonce,
+            "chainId": rig.evm.chain_id,
+            "type": 2,
+            "maxFeePerGas": ours.max_fee * 12 // 10,
+            "maxPriorityFeePerGas": ours.priority_fee * 12 // 10,
+        }
+    )
+    rig.node.answer(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "eth_sendRawTransaction",
+            "params": [cancel.raw_transaction.to_0x_hex()],
+        }
+    )
+    rig.evm.mine()
+    # Then, until that is as deep as the chain's depth, failing is still refused
+    with pytest.raises(Conflict):
+        parts.ops.fail(deposit_id, "cancelled", by="ops-ann")
+    rig.evm.mine(DEPTH)
+    # And then allowed: our transaction can no longer be mined
+    deposit = parts.ops.fail(deposit_id, "cancelled", by="ops-ann")
+    assert (deposit.status, deposit.failure_reason) == (states.FAILED, "cancelled")
+    assert rig.paid() == 0
+    assert [row["outcome"] for row in payment_rows(rig.db, deposit_id)] == ["ops"]

@@ -3,7 +3,9 @@
 
 Allowed for deposits in manual review, or stuck (no progress for
 SETTLE_OPS_STUCK_AFTER_S); also days later: the transition is emitted as its durable
-event like any other. Prints `{"deposit": {...}}` (`{"chainIncidents": [...]}`,
+event like any other. Never while a hot-wallet payment of the deposit may still be
+mined, unless `--tx` is one of its transactions (the refusal says why and what to do).
+Prints `{"deposit": {...}}` (`{"chainIncidents": [...]}`,
 `{"chainIncident": {...}}`); errors go to stderr with exit 2.
 """
 
@@ -35,14 +37,18 @@ def build_ops() -> Ops:
     from services.core.config import CoreConfig
     from services.core.deposits.ops import Ops
     from services.core.deposits.settlement import Settlement
+    from services.core.deposits.worker import build_payers
     from shared.db import Database
 
     config = CoreConfig.from_env()
     registry = load_chains(config.chains_file)
+    # The payers the worker has: an in-flight hot-wallet payment is checked on its chain
+    # before ops may resolve the deposit by hand.
+    payers = build_payers(registry, config.rpc_urls, config.deposits)
     return Ops(
         Database(config.database_url, pool_size=1),
         registry,
-        Settlement(registry),
+        Settlement(registry, payers=payers),
         config.deposits,
     )
 

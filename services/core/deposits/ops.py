@@ -3,6 +3,11 @@
 Allowed for deposits in manual review at any time, and for others only after
 SETTLE_OPS_STUCK_AFTER_S without progress and with no payment in flight (the rule is
 `rules.ops_refusal`). A late transition is emitted as its durable event like any other.
+
+Whatever the status, a deposit with a hot-wallet payment that may still be mined is
+refused (a manual payment plus the late original would pay twice): unless `--tx` is
+one of that payment's transactions, or the chain shows it can no longer be mined (the
+wallet's nonce at the destination chain's depth has passed it, with no receipt of ours).
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy.orm import Session
+
 from services.core.chains import ChainRegistry
-from services.core.deposits import rules, states, store, transitions
-from services.core.deposits.models import Deposit
+from services.core.deposits import payments, rules, states, store, transitions
+from services.core.deposits.models import Deposit, HotWalletPayment
 from services.core.deposits.queries import DEPOSIT_ID
 from services.core.deposits.settings import PipelineSettings
-from services.core.deposits.settlement import MANUAL, Settlement
+from services.core.deposits.settlement import MANUAL, EvmPayer, Settlement
 from services.core.fees import fee_for
 from shared.db import Database
 from shared.errors import Conflict, NotFound
@@ -54,6 +61,49 @@ class Ops:
         if refusal is not None:
             raise Conflict(refusal)
 
+    def _payment_allows(self, session: Session, deposit: Deposit, tx_hash: str | None) -> None:
+        """Refuse while the deposit's hot-wallet payment may still be mined."""
+        payment = payments.open_payment(session, deposit.id)
+        if payment is None or (tx_hash is not None and tx_hash in payment.tx_hashes):
+            return
+        why = self._still_minable(deposit, payment)
+        if why is None:
+            return
+        hashes = ", ".join(payment.tx_hashes)
+        chain = deposit.dest_chain_id
+        raise Conflict(
+            f"deposit {deposit.id} has a hot-wallet payment that may still be mined "
+            f"(nonce {payment.nonce} on chain {chain}, transactions {hashes}): {why}. "
+            "Wait for the worker to settle it. If one of its transactions paid, credit "
+            f"with --tx {payment.tx_hashes[-1]} (or another of them). To fail the deposit "
+            f"or credit it with --tx <another transaction>, first use nonce {payment.nonce} "
+            "(e.g. a 0-value transfer from the hot wallet to itself with that nonce and "
+            "higher fees) and wait until it is as deep as the chain's confirmations"
+        )
+
+    def _still_minable(self, deposit: Deposit, payment: HotWalletPayment) -> str | None:
+        """Why the payment may still be mined; None when the chain shows it cannot be."""
+        payer = self.settlement.payers.get(deposit.dest_chain_id)
+        chain = self.registry.get(deposit.dest_chain_id)
+        if not isinstance(payer, EvmPayer) or chain is None:
+            return (
+                f"no node to check it (SETTLE_RPC_URL_{deposit.dest_chain_id} and "
+                "SETTLE_HOT_WALLET_KEY are not both set here)"
+            )
+        try:
+            seen = payer.observe(payment.tx_hashes, payment.nonce, chain.confirmations)
+        except Exception as exc:  # cannot prove anything: refuse
+            return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
+        if seen.mined is not None:
+            tx, status, _ = seen.mined
+            return (
+                f"transaction {tx} is mined (status {status}, {seen.confirmations()} of "
+                f"{chain.confirmations} confirmations)"
+            )
+        if seen.nonce_used:
+            return None
+        return "it is not mined, and the wallet's nonce has not passed it"
+
     def credit(self, deposit_id: str, tx_hash: str, *, by: str, reason: str | None) -> Deposit:
         """Ops credited the deposit by hand with `tx_hash` (also days later)."""
         if not DEPOSIT_ID.match(deposit_id):
@@ -64,6 +114,7 @@ class Ops:
             if deposit is None:
                 raise NotFound(f"no deposit {deposit_id}")
             self._allowed(deposit, now)
+            self._payment_allows(session, deposit, tx_hash)
             if not states.can_transition(deposit.status, states.CREDITED):
                 raise Conflict(
                     f"deposit {deposit_id} is {deposit.status}: its source is not confirmed, "
@@ -75,6 +126,7 @@ class Ops:
                 fee = fee_for(session, chain)
                 deposit.fee_usd = fee
                 deposit.net_usd = rules.net_usd(deposit.amount_usd, fee)
+            payments.resolve(session, deposit.id, payments.OPS, now)
             transitions.move(
                 session,
                 deposit,
@@ -99,6 +151,8 @@ class Ops:
             if deposit is None:
                 raise NotFound(f"no deposit {deposit_id}")
             self._allowed(deposit, now)
+            self._payment_allows(session, deposit, None)
+            payments.resolve(session, deposit.id, payments.OPS, now)
             self.settlement.release(session, deposit, now)
             transitions.move(
                 session,

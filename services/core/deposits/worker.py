@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
 from services.core.deposits.detection import Detection
 from services.core.deposits.pricing import StaticPrices
@@ -69,14 +70,14 @@ class Pipeline:
         return work
 
 
-def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -> Pipeline:
-    """Readers, payers and providers from the configuration."""
-    settings = settings or ctx.config.deposits
-    registry = ctx.registry
-    payers: dict[int, Payer] = {}
-    providers: list[RouteProvider] = []
+def build_payers(
+    registry: ChainRegistry, rpc_urls: Mapping[int, str], settings: PipelineSettings
+) -> dict[int, Payer | EvmPayer]:
+    """Each active chain's payer: the hot wallet where a node and the key are set, else
+    the simulated payer when simulated settlement is on (the worker and the ops CLI)."""
+    payers: dict[int, Payer | EvmPayer] = {}
     for chain in registry.active():
-        url = ctx.config.rpc_urls.get(chain.chain_id)
+        url = rpc_urls.get(chain.chain_id)
         if url and settings.hot_wallet_key:
             executor = Erc20TransferExecutor.from_url(
                 url, settings.hot_wallet_key, settings.rpc_timeout_s, chain_id=chain.chain_id
@@ -84,6 +85,15 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
             payers[chain.chain_id] = EvmPayer(executor, name=f"hot-wallet-{chain.chain_id}")
         elif settings.simulated_settlement:
             payers[chain.chain_id] = SimulatedPayer()
+    return payers
+
+
+def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -> Pipeline:
+    """Readers, payers and providers from the configuration."""
+    settings = settings or ctx.config.deposits
+    registry = ctx.registry
+    payers = build_payers(registry, ctx.config.rpc_urls, settings)
+    providers: list[RouteProvider] = []
     if settings.simulated_settlement:
         providers.append(SimulatedBridge(delay_s=settings.simulated_bridge_s))
     settlement = Settlement(
