@@ -537,7 +537,7 @@ class _Run:
     # -- notifier -> outbox ------------------------------------------------------------
 
     def check_stored(self) -> None:
-        """Stored events of the window that core never wrote (tests sends excepted).
+        """Stored events of the window that core never wrote (the notifier's own types excepted).
 
         Only events received before core's snapshot count: those were committed in
         core before it, so the snapshot must hold them.
@@ -546,7 +546,7 @@ class _Run:
             StoredEvent.created_at >= self.report.since,
             StoredEvent.created_at < self.report.until,
             StoredEvent.received_at < self.taken_at,
-            StoredEvent.event_type != events.WEBHOOK_TEST,
+            StoredEvent.event_type.not_in(events.NOTIFIER_EVENT_TYPES),
             *self._tenant_filter(StoredEvent.tenant_id),
         )
         for rows in _stream(self.notifier, query):

@@ -24,8 +24,7 @@ from shared import events
 #: JSON Schema dialect of every schema here.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: Extension type of DESIGN.md; the notifier emits it when it disables an endpoint.
-#: Served as soon as `shared.events.EVENT_TYPES` lists it.
-WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
+WEBHOOK_ENDPOINT_DISABLED = events.WEBHOOK_ENDPOINT_DISABLED
 
 # -- building blocks ----------------------------------------------------------------
 

@@ -26,6 +26,8 @@ WEBHOOK_TEST = "webhook.test"
 API_KEY_REVOKED = "tenant.api_key_revoked"
 INVENTORY_LOW_BALANCE = "inventory.low_balance"
 ROUTE_PROVIDER_DEGRADED = "route.provider_degraded"
+#: Extension type (DESIGN.md): the notifier emits it when it disables an endpoint.
+WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
 
 #: Every event type of the interface, in its order.
 EVENT_TYPES: tuple[str, ...] = (
@@ -41,7 +43,10 @@ EVENT_TYPES: tuple[str, ...] = (
     API_KEY_REVOKED,
     INVENTORY_LOW_BALANCE,
     ROUTE_PROVIDER_DEGRADED,
+    WEBHOOK_ENDPOINT_DISABLED,
 )
+#: Types the notifier makes itself (never in core's outbox).
+NOTIFIER_EVENT_TYPES: tuple[str, ...] = (WEBHOOK_TEST, WEBHOOK_ENDPOINT_DISABLED)
 
 #: Deposit statuses whose event is emitted at most once per deposit.
 DURABLE_DEPOSIT_STATUSES: tuple[str, ...] = (

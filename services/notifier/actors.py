@@ -26,13 +26,15 @@ from typing import Any, Protocol
 
 import dramatiq
 
+from services.notifier import disabled_endpoints
 from services.notifier.breaker import CircuitBreakers
 from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
-from services.notifier.delivery_store import Claim, Connection, DeliveryStore
+from services.notifier.delivery_store import DISABLED_FAILING, Claim, Connection, DeliveryStore
+from services.notifier.fanout import ENDPOINT_DISABLED
 from services.notifier.limiter import EndpointLimiter
 from services.notifier.metrics import NotifierMetrics
-from services.notifier.models import ENABLED, FAILED, RETRYING, SUCCEEDED
+from services.notifier.models import ENABLED, FAILED, RETRYING, SKIPPED, SUCCEEDED, Endpoint
 from services.notifier.retry_policy import DeliveryTuning, retry_delay, saturated_delay
 from services.notifier.secret_cache import SecretCache
 from services.notifier.secrets import SecretDecryptError
@@ -43,8 +45,6 @@ from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
 
-#: `last_error` of a delivery stopped because its endpoint is disabled.
-ENDPOINT_DISABLED = "endpoint_disabled"
 #: Longest `last_error` kept (the column holds 500).
 MAX_ERROR_CHARS = 500
 #: Most times a saturated delivery's backoff doubles.
@@ -177,10 +177,14 @@ class Deliverer:
         self.dispatch.schedule(claim.delivery_id, delay)
 
     def _stop(self, conn: Connection, claim: Claim) -> None:
-        """The endpoint was deleted or disabled: the delivery ends failed, with no attempt."""
-        reason = ENDPOINT_DELETED if claim.deleted_at is not None else ENDPOINT_DISABLED
-        self.store.stop(conn, claim, reason, utcnow())
-        self.metrics.deliveries.labels(FAILED).inc()
+        """No attempt: the endpoint was deleted (the delivery fails) or disabled (skipped,
+        sent once the endpoint is enabled again)."""
+        if claim.deleted_at is not None:
+            self.store.stop(conn, claim, ENDPOINT_DELETED, utcnow())
+            self.metrics.deliveries.labels(FAILED).inc()
+        else:
+            self.store.stop(conn, claim, ENDPOINT_DISABLED, utcnow(), status=SKIPPED)
+            self.metrics.deliveries.labels(SKIPPED).inc()
 
     def _attempt(self, conn: Connection, claim: Claim) -> str:
         body = claim.event_body.encode("utf-8")
@@ -217,6 +221,19 @@ class Deliverer:
         else:
             self.metrics.attempts.labels(_outcome_label(result)).inc()
         return self._record(conn, claim, result, attempted_at, headers[signing.SIGNATURE_HEADER])
+
+    def _tell_disabled(self, endpoint_id: str, now: datetime) -> None:
+        """The tenant's other endpoints hear that this one was disabled (rare: own trips)."""
+        self.metrics.endpoints_disabled.labels(DISABLED_FAILING).inc()
+        try:
+            with self.store.db.transaction() as session:
+                endpoint = session.get_one(Endpoint, endpoint_id)
+                to_send = disabled_endpoints.notice(session, endpoint, now)
+            for delivery_id in to_send:
+                self.dispatch.schedule(delivery_id, 0.0)
+        except Exception:
+            # The endpoint is disabled all the same; only the notice is lost.
+            log.exception("could not tell the tenant that endpoint %s was disabled", endpoint_id)
 
     def _record(
         self,
@@ -275,6 +292,7 @@ class Deliverer:
                 claim.endpoint_id,
                 config.disable_after_s,
             )
+            self._tell_disabled(claim.endpoint_id, now)
         _log_attempt(claim, result, values["status"] if recorded.updated else LEASE_LOST, delay)
         if not recorded.updated:
             # Our lease lapsed and another worker took the delivery over: its record

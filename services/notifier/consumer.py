@@ -108,7 +108,7 @@ def store_events(
                 for index, body, envelope in parsed.values()
             ]
             stored = insert_events(db, conn, rows)
-            subscribers: dict[tuple[str, str], list[str]] = {}
+            subscribers: dict[tuple[str, str], list[tuple[str, bool]]] = {}
             made: list[dict[str, Any]] = []
             for event_id, (index, _body, envelope) in parsed.items():
                 if event_id not in stored:
@@ -118,8 +118,14 @@ def store_events(
                 tenant_id, event_type = envelope["tenantId"], envelope["type"]
                 key = (tenant_id, event_type)
                 if key not in subscribers:
-                    subscribers[key] = fanout.subscriber_ids(db, conn, tenant_id, event_type)
-                for endpoint_id in subscribers[key]:
+                    subscribers[key] = fanout.subscribers(db, conn, tenant_id, event_type)
+                for endpoint_id, enabled in subscribers[key]:
+                    if not enabled:
+                        # Kept, not sent: enabling the endpoint again sends it.
+                        made.append(
+                            fanout.skipped(tenant_id, event_id, event_type, endpoint_id, now)
+                        )
+                        continue
                     made.append(fanout.pending(tenant_id, event_id, event_type, endpoint_id, now))
                     results[index].delivery_ids.append(made[-1]["id"])
                 labels.append("stored")

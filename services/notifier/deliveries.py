@@ -23,6 +23,7 @@ from services.notifier.models import (
     FAILED,
     PENDING,
     RETRYING,
+    SKIPPED,
     SUCCEEDED,
     Attempt,
     Delivery,
@@ -236,7 +237,8 @@ def recover(
         .where(
             failed.tenant_id == tenant_id,
             failed.endpoint_id == endpoint.id,
-            failed.status == FAILED,
+            # Skipped: kept while the endpoint was disabled (enabling it also sends them).
+            sa.or_(failed.status == FAILED, failed.status == SKIPPED),
             failed.created_at >= since,
             failed.created_at < until,
             ~settled,

@@ -178,12 +178,12 @@ _PUT_BACK = (
 )
 #: Keep the lease but give the number back (the attempt could not be signed).
 _GIVE_BACK = sa.update(Delivery).where(*_STILL_OURS).values(attempt_count=_NUMBER_BACK)
-#: End the delivery failed, with no attempt (its endpoint was deleted or disabled).
+#: End the delivery with no attempt: failed (its endpoint was deleted) or skipped (disabled).
 _STOP = (
     sa.update(Delivery)
     .where(*_STILL_OURS)
     .values(
-        status=FAILED,
+        status=sa.bindparam("status"),
         next_attempt_at=None,
         lease_until=None,
         last_error=sa.bindparam("reason"),
@@ -325,11 +325,14 @@ class DeliveryStore:
         }
         _run(conn, self._mark_lost, params)
 
-    def stop(self, conn: Connection, claim: Claim, reason: str, now: datetime) -> None:
-        """End the delivery failed with `reason` as its last error, without an attempt."""
+    def stop(
+        self, conn: Connection, claim: Claim, reason: str, now: datetime, *, status: str = FAILED
+    ) -> None:
+        """End the delivery (`status`) with `reason` as its last error, without an attempt."""
         params = {
             "delivery_id": claim.delivery_id,
             "attempt_count": claim.attempt_number,
+            "status": status,
             "reason": reason,
             "now": now,
         }

@@ -4,7 +4,9 @@ The one rule, used by every path that makes deliveries (the consumer, test sends
 replays, recoveries) and by `settle reconcile` to say which deliveries must exist:
 
 - an event of type T of tenant X goes to X's endpoints that are **enabled**, **not
-  deleted** and **subscribed to T** (`RECEIVING` + `subscribes`);
+  deleted** and **subscribed to T** (`RECEIVING` + `subscribes`); a disabled endpoint
+  subscribed to T gets a **skipped** delivery instead (`skipped`), which enabling it
+  again sends (disabled_endpoints.py);
 - a delivery asked for by name (test, replay, recover) goes to a live endpoint only
   if it is enabled: 404 when deleted (or another tenant's), 409 when disabled
   (`sendable_endpoint`);
@@ -28,7 +30,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from services.notifier.models import ENABLED, PENDING, Delivery, Endpoint
+from services.notifier.models import ENABLED, PENDING, SKIPPED, Delivery, Endpoint
 from services.notifier.webhook_endpoints import get_endpoint
 from shared.db import Database, DriverStatement, adopt, database_of, driver_connection
 from shared.errors import Conflict
@@ -40,12 +42,14 @@ RECEIVING: tuple[sa.ColumnElement[bool], ...] = (
     Endpoint.deleted_at.is_(None),
 )
 
-#: A tenant's receiving endpoints and their types, for `subscriber_ids`.
+#: A tenant's live endpoints, their types and status, for `subscribers`.
 _SUBSCRIBERS = (
-    sa.select(Endpoint.id, Endpoint.event_types)
-    .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), *RECEIVING)
+    sa.select(Endpoint.id, Endpoint.event_types, Endpoint.status)
+    .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), Endpoint.deleted_at.is_(None))
     .order_by(Endpoint.id)
 )
+#: `last_error` of a delivery skipped because its endpoint is disabled.
+ENDPOINT_DISABLED = "endpoint_disabled"
 
 #: Every column of a new delivery (so no Python-side default is needed: see DriverStatement).
 _DELIVERY_COLUMNS = (
@@ -77,16 +81,21 @@ def subscribes(event_types: Iterable[str] | None, event_type: str) -> bool:
     return event_type in (event_types or ())
 
 
-def subscriber_ids(
+def subscribers(
     db: Database, conn: psycopg.Connection[Any], tenant_id: str, event_type: str
-) -> list[str]:
-    """Ids of the tenant's endpoints that get a delivery of an event of `event_type`.
+) -> list[tuple[str, bool]]:
+    """(id, enabled) of the tenant's live endpoints subscribed to `event_type`.
 
-    Runs on `conn`, a driver connection of `db` (`driver_transaction()`), in id order.
+    An enabled one gets a pending delivery, a disabled one a skipped delivery. Runs on
+    `conn`, a driver connection of `db` (`driver_transaction()`), in id order.
     """
     statement = _statements(db)["subscribers"]
     rows = conn.execute(statement.sql, statement.bind({"tenant_id": tenant_id}))
-    return [endpoint_id for endpoint_id, types in rows if subscribes(types, event_type)]
+    return [
+        (endpoint_id, status == ENABLED)
+        for endpoint_id, types, status in rows
+        if subscribes(types, event_type)
+    ]
 
 
 def pending(
@@ -117,6 +126,15 @@ def pending(
         "created_at": now,
         "updated_at": now,
     }
+
+
+def skipped(
+    tenant_id: str, event_id: str, event_type: str, endpoint_id: str, now: datetime
+) -> dict[str, Any]:
+    """A delivery kept for a disabled endpoint: not due, sent once the endpoint is enabled."""
+    row = pending(tenant_id, event_id, event_type, endpoint_id, now)
+    row.update(status=SKIPPED, next_attempt_at=None, last_error=ENDPOINT_DISABLED)
+    return row
 
 
 def insert_deliveries(

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.notifier.models import PENDING, RETRYING, Delivery
+from services.notifier.models import DISABLED, PENDING, RETRYING, SKIPPED, Delivery, Endpoint
 from shared.db import Database
 from shared.timefmt import utcnow
 
@@ -75,6 +75,12 @@ class NotifierMetrics:
             "Times an endpoint's circuit breaker opened (its attempts kept failing)",
             registry=self.registry,
         )
+        self.endpoints_disabled = Counter(
+            "settle_webhook_endpoints_disabled_by_worker",
+            "Endpoints a worker disabled, by reason (failing: every attempt failed for days)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.lease_lost = Counter(
             "settle_webhook_attempts_lease_lost",
             "Attempts whose delivery another worker took over before they were recorded",
@@ -116,6 +122,24 @@ class DeliveryQueueCollector(Collector):
         else:
             late.add_metric([], 0.0)
         yield late
+        with self._db.reader() as session:
+            disabled = session.scalar(
+                sa.select(sa.func.count()).where(
+                    Endpoint.status == DISABLED, Endpoint.deleted_at.is_(None)
+                )
+            )
+            skipped = session.scalar(sa.select(sa.func.count()).where(Delivery.status == SKIPPED))
+        gauge = GaugeMetricFamily(
+            "settle_webhook_endpoints_disabled", "Live endpoints that are disabled"
+        )
+        gauge.add_metric([], int(disabled or 0))
+        yield gauge
+        gauge = GaugeMetricFamily(
+            "settle_webhook_deliveries_skipped",
+            "Deliveries kept for disabled endpoints (enabling an endpoint sends its own)",
+        )
+        gauge.add_metric([], int(skipped or 0))
+        yield gauge
 
 
 def api_metrics_registry(db: Database) -> CollectorRegistry:

@@ -14,9 +14,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from shared.db import BigIntPK, JSONType, UTCDateTime
 from shared.idempotency import IdempotencyRecordMixin
 
-#: Delivery statuses.
+#: Delivery statuses. `skipped` (an extension): its endpoint was disabled; enabling the
+#: endpoint again (or `recover`) sends it.
 PENDING, RETRYING, SUCCEEDED, FAILED = "pending", "retrying", "succeeded", "failed"
-DELIVERY_STATUSES = (PENDING, RETRYING, SUCCEEDED, FAILED)
+SKIPPED = "skipped"
+DELIVERY_STATUSES = (PENDING, RETRYING, SUCCEEDED, FAILED, SKIPPED)
 #: Endpoint statuses.
 ENABLED, DISABLED = "enabled", "disabled"
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services import output
-from services.notifier import deliveries, webhook_endpoints
+from services.notifier import deliveries, disabled_endpoints, webhook_endpoints
 from services.notifier.api.schemas import (
     DeliveryDetailEnvelopeSchema,
     DeliveryEnvelopeSchema,
@@ -142,9 +142,12 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
             endpoint = webhook_endpoints.get_endpoint(
                 session, args.tenant, args.endpoint_id, for_update=True
             )
+            was = endpoint.status
             webhook_endpoints.set_status(endpoint, status)
             endpoint.updated_at = now
+            to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
             out = endpoint_out(endpoint, now)
+        ctx.hand_off(to_send)
         _print(EndpointEnvelopeSchema(), {"webhook_endpoint": out})
         return 0
 

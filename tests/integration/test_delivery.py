@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from services.notifier import webhook_endpoints
 from services.notifier.app import create_app
-from services.notifier.models import DISABLED, FAILED, SUCCEEDED, Endpoint
+from services.notifier.models import DISABLED, FAILED, SKIPPED, SUCCEEDED, Endpoint
 from services.notifier.sender import Sender
 from shared import events, signing
 from shared.bus import RabbitPublisher
@@ -151,9 +151,11 @@ def test_deleted_and_disabled_endpoints_get_no_delivery(pipeline: Pipeline, rx: 
         webhook_endpoints.set_status(off, DISABLED)
     # When core emits an event of that type (relay -> RabbitMQ -> the consumer's fan-out)
     envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
-    # Then the consumer made one delivery, to the live endpoint, and only it was called
+    # Then the consumer made one delivery to the live endpoint, and only it was called;
+    # the disabled one's is kept, skipped (enabling it sends it); the deleted one has none
     pipeline.wait_status(envelope["id"], SUCCEEDED)
-    assert [d.endpoint_id for d in pipeline.deliveries(envelope["id"])] == [live]
+    made = {d.endpoint_id: d.status for d in pipeline.deliveries(envelope["id"])}
+    assert made == {live: SUCCEEDED, disabled: SKIPPED}
     assert rx.hits("/deleted") == [] and rx.hits("/disabled") == []
 
 
@@ -378,10 +380,12 @@ def test_blocked_addresses_are_refused_at_send_time(rx: Receiver) -> None:
 
 
 def test_an_endpoint_failing_long_enough_is_disabled(pipeline: Pipeline, rx: Receiver) -> None:
-    # Given an endpoint whose attempts have all failed for longer than disable_after_s
+    # Given an endpoint whose attempts have all failed for longer than disable_after_s,
+    # and another endpoint of the tenant subscribed to webhook.endpoint_disabled
     rx.script("/down", Answer.fail(500))
     tenant_id = _tenant(pipeline.db)
     endpoint_id, _ = pipeline.endpoint(tenant_id, rx.url("/down"), [events.DEPOSIT_CREDITED])
+    pipeline.endpoint(tenant_id, rx.url("/ops"), [events.WEBHOOK_ENDPOINT_DISABLED])
     streak_began = utcnow() - timedelta(seconds=pipeline.ctx.config.disable_after_s + 60)
     with pipeline.db.transaction() as session:
         session.execute(
@@ -395,10 +399,17 @@ def test_an_endpoint_failing_long_enough_is_disabled(pipeline: Pipeline, rx: Rec
     # Then the endpoint is disabled as failing, its streak kept
     row = pipeline.endpoint_row(endpoint_id)
     assert row.disabled_reason == "failing" and row.failing_since == streak_began
-    # And its delivery stops at the next try instead of running out the schedule
-    (delivery,) = pipeline.wait_status(envelope["id"], FAILED, timeout=10)
+    # And its delivery is skipped at the next try (kept for when it is enabled again)
+    # instead of running out the schedule
+    (delivery,) = pipeline.wait_status(envelope["id"], SKIPPED, timeout=10)
     assert delivery.last_error == "endpoint_disabled" and delivery.attempt_count == 1
     assert len(rx.hits("/down")) == 1
+    # And the tenant's other endpoint is told, with the reason
+    assert rx.wait_for(lambda r: len(r.hits("/ops")) == 1, 10)
+    notice = json.loads(rx.hits("/ops")[0].body)
+    assert notice["type"] == events.WEBHOOK_ENDPOINT_DISABLED
+    assert notice["data"]["reason"] == "failing"
+    assert notice["data"]["webhookEndpoint"]["id"] == endpoint_id
 
 
 def test_a_success_ends_the_failure_streak(pipeline: Pipeline, rx: Receiver) -> None:

@@ -16,7 +16,15 @@ from flask.testing import FlaskClient
 from services.notifier import deliveries, fanout
 from services.notifier.consumer import store_events
 from services.notifier.context import NotifierContext
-from services.notifier.models import FAILED, RETRYING, SUCCEEDED, Delivery, StoredEvent
+from services.notifier.models import (
+    FAILED,
+    PENDING,
+    RETRYING,
+    SKIPPED,
+    SUCCEEDED,
+    Delivery,
+    StoredEvent,
+)
 from services.notifier.webhook_endpoints import signing_secrets
 from shared import events
 from shared.db import Database
@@ -831,10 +839,14 @@ def test_the_consumer_fans_out_to_enabled_live_subscribed_endpoints_only(
     envelope = events.envelope(events.DEPOSIT_CREDITED, tenant.tenant_id, {"n": 1})
     (handled,) = store_events(pg_db, [events.encode(envelope)])
 
-    # Then only the first endpoint gets a delivery: not the disabled, not the deleted one
+    # Then only the first endpoint gets a delivery to send; the disabled one's is kept,
+    # skipped (enabling it sends it); the deleted one and the others get none
     with pg_db.reader() as session:
         made = session.scalars(sa.select(Delivery).where(Delivery.event_id == envelope["id"]))
-        assert [d.endpoint_id for d in made] == [subscribed["id"]]
+        assert {d.endpoint_id: d.status for d in made} == {
+            subscribed["id"]: PENDING,
+            disabled["id"]: SKIPPED,
+        }
     assert len(handled.delivery_ids) == 1
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from flask.views import MethodView
 
-from services.notifier import deliveries, webhook_endpoints
+from services.notifier import deliveries, disabled_endpoints, webhook_endpoints
 from services.notifier.api.access import READ, WRITE, tenant_id
 from services.notifier.api.schemas import (
     BAD_KEY,
@@ -111,6 +111,7 @@ class WebhookEndpoint(MethodView):
             endpoint = webhook_endpoints.get_endpoint(
                 session, tenant_id(), endpointId, for_update=True
             )
+            was = endpoint.status
             webhook_endpoints.update_endpoint(
                 endpoint,
                 name=args.get("name"),
@@ -120,7 +121,10 @@ class WebhookEndpoint(MethodView):
                 allow_private=ctx.config.allow_private,
                 now=now,
             )
-            return {"webhook_endpoint": endpoint_out(endpoint, now)}
+            to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
+            out = endpoint_out(endpoint, now)
+        ctx.hand_off(to_send)
+        return {"webhook_endpoint": out}
 
     @auth.requires(blp, WRITE)
     @blp.response(204)

@@ -1,0 +1,76 @@
+"""A disabled endpoint is visible and recoverable.
+
+- Events for a disabled endpoint are kept as **skipped** deliveries (fanout.skipped;
+  the worker skips a due delivery whose endpoint was disabled meanwhile).
+- **Enabling** the endpoint again makes its skipped deliveries due now (`resume`).
+- **Disabling** it, by PATCH (`manual`) or because every attempt failed for days
+  (`failing`), sends `webhook.endpoint_disabled` `{webhookEndpoint, reason}` to the
+  tenant's other endpoints subscribed to that type, never to the disabled one
+  (`notice`).
+
+`status_changed` is the one entry for every path that changes an endpoint's status
+(the API's PATCH, the CLI, the worker); it returns the deliveries to hand to the
+workers once the caller's transaction commits.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from services.notifier import deliveries, fanout
+from services.notifier.api.schemas import EndpointSchema, endpoint_out
+from services.notifier.models import DISABLED, ENABLED, PENDING, SKIPPED, Delivery, Endpoint
+from shared import events
+from shared.event_catalog import WEBHOOK_ENDPOINT_DISABLED
+
+#: Most skipped deliveries handed to the workers at once when an endpoint is enabled
+#: again; the rest are due too, and the sweeper sends them.
+MAX_RESUMED_AT_ONCE = 1000
+
+
+def status_changed(session: Session, endpoint: Endpoint, was: str, now: datetime) -> list[str]:
+    """What follows a status change from `was`: the ids of deliveries to hand off."""
+    if was == DISABLED and endpoint.status == ENABLED:
+        return resume(session, endpoint, now)
+    if was == ENABLED and endpoint.status == DISABLED:
+        return notice(session, endpoint, now)
+    return []
+
+
+def resume(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
+    """The endpoint's skipped deliveries, due now (oldest first); the first ids to send."""
+    ids = list(
+        session.scalars(
+            sa.update(Delivery)
+            .where(Delivery.endpoint_id == endpoint.id, Delivery.status == SKIPPED)
+            .values(status=PENDING, next_attempt_at=now, last_error=None, updated_at=now)
+            .returning(Delivery.id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    return sorted(ids)[:MAX_RESUMED_AT_ONCE]
+
+
+def notice(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
+    """`webhook.endpoint_disabled` for the tenant's other subscribed, enabled endpoints."""
+    served = EndpointSchema().dump(endpoint_out(endpoint, now))
+    data = {"webhookEndpoint": served, "reason": endpoint.disabled_reason}
+    envelope = events.envelope(WEBHOOK_ENDPOINT_DISABLED, endpoint.tenant_id, data, created_at=now)
+    event = deliveries.store_event(session, events.encode(envelope), now=now)
+    assert event is not None  # a fresh id cannot collide
+    others = session.scalars(
+        sa.select(Endpoint).where(
+            Endpoint.tenant_id == endpoint.tenant_id,
+            Endpoint.id != endpoint.id,
+            *fanout.RECEIVING,
+        )
+    )
+    rows = [
+        fanout.pending(endpoint.tenant_id, event.id, event.event_type, other.id, now)
+        for other in others
+        if fanout.subscribes(other.event_types, WEBHOOK_ENDPOINT_DISABLED)
+    ]
+    return [d.id for d in fanout.create_deliveries(session, rows)]
