@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from decimal import ROUND_HALF_UP, ROUND_UP, Decimal
+from decimal import ROUND_UP, Decimal
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -38,10 +38,6 @@ def settlement_fee_usd(
     """Fee of one settlement transfer in USD, rounded up to the micro-dollar."""
     fee = Decimal(gas_units) * Decimal(gas_price_wei) / WEI_PER_ETHER * native_usd
     return fee.quantize(USD_QUANTUM, rounding=ROUND_UP)
-
-
-def usd(value: Decimal) -> Decimal:
-    return value.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
 
 def configured_gas_price(chain: Chain) -> int:

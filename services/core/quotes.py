@@ -12,7 +12,8 @@ from decimal import Decimal
 
 from services.core import amounts
 from services.core.chains import Asset, Chain, ChainRegistry
-from services.core.fees import fee_for, usd
+from services.core.deposits.pricing import amount_usd as usd_value
+from services.core.fees import fee_for
 from shared.api import field_error
 from shared.db import Database
 
@@ -66,7 +67,10 @@ class Quote:
 
 def quote(chain: Chain, asset: Asset, amount: Decimal, fee_usd: Decimal) -> Quote:
     """One quote: the amount's USD value, the flat fee, the net and the dust floor."""
-    amount_usd = usd(amounts.EXACT.multiply(amount, usd_price(asset)))
+    # The one rule a deposit's value follows too (rounded down to the micro-dollar), so
+    # the preview and the deposit agree on dust at the edge (9.9999995 DAI is 9.999999).
+    amount_usd = usd_value(amount, usd_price(asset))
+    assert amount_usd is not None
     floor = chain.min_deposit_usd
     return Quote(
         chain_id=chain.chain_id,
@@ -75,7 +79,7 @@ def quote(chain: Chain, asset: Asset, amount: Decimal, fee_usd: Decimal) -> Quot
         amount=amounts.format_amount(amount),
         amount_usd=amount_usd,
         settlement_gas_fee_usd=fee_usd,
-        net_amount_usd=usd(max(Decimal(0), amount_usd - fee_usd)),
+        net_amount_usd=max(Decimal(0), amount_usd - fee_usd),
         min_deposit_usd=floor,
         below_minimum=floor is not None and amount_usd < floor,
     )

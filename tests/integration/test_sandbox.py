@@ -206,6 +206,30 @@ def test_below_the_floor_fails_below_minimum(
     assert final["deposit"]["creditTxHash"] is None
 
 
+def test_fee_preview_and_the_deposit_round_alike_and_dust_shows_no_net(
+    client: FlaskClient, core_context: CoreContext, sandbox_tenant: TenantKeys, account: AccountRef
+) -> None:
+    # Given 9.9999995 DAI on Ethereum, whose floor is 10 USD
+    body = {"chainId": 1, "asset": "DAI", "amount": "9.9999995"}
+    (quote,) = client.post("/v1/fee-preview", json=body, headers=sandbox_tenant.headers).get_json()[
+        "quotes"
+    ]
+    response = submit(client, sandbox_tenant.headers, depositAddress=account.address(1), **body)
+    deposit_id = response.get_json()["deposit"]["id"]
+    run_until_settled(pipeline(core_context, later()), deposit_id)
+    final = client.get(f"/v1/deposits/{deposit_id}", headers=sandbox_tenant.headers).get_json()
+    # Then the preview and the deposit value it alike (rounded down: 9.999999) and agree
+    # that it is dust
+    assert quote["amountUsd"] == final["deposit"]["amountUsd"] == 9.999999
+    assert quote["belowMinimum"] is True
+    assert (final["deposit"]["status"], final["deposit"]["failureReason"]) == (
+        "failed",
+        "below_minimum",
+    )
+    # And a dust deposit, never paid, shows no net amount
+    assert final["deposit"]["netAmountUsd"] is None
+
+
 def test_manual_review_then_ops_credit_days_later_emits_credited_once(
     client: FlaskClient, core_context: CoreContext, sandbox_tenant: TenantKeys, account: AccountRef
 ) -> None:

@@ -95,7 +95,8 @@ def decide(
     net = facts.amount_usd - fee_usd
     shown = net_usd(facts.amount_usd, fee_usd)
     if chain.min_deposit_usd is not None and facts.amount_usd < chain.min_deposit_usd:
-        return Fail(states.REASON_BELOW_MINIMUM, fee_usd, shown)
+        # Dust is never paid: no net amount to show (the fee stays, as what it would cost).
+        return Fail(states.REASON_BELOW_MINIMUM, fee_usd, None)
     if net <= 0:
         return Fail(states.REASON_BELOW_FEE, fee_usd, shown)
     if payee is None or payee.price_usd is None or payee.price_usd <= 0:
