@@ -36,10 +36,10 @@ from services.notifier.context import NotifierContext
 from shared.db import Database
 from shared.identity import service as identity
 from shared.identity.auth import CSRF_HEADER, SESSION_COOKIE
-from shared.identity.models import ROLES, SCOPES, Member, PortalSession
+from shared.identity.models import LINK_ROLES, LINK_SCOPES, ROLES, SCOPES, Member, PortalSession
 from shared.identity.secrets import token_hash
 from shared.timefmt import iso_ms, utcnow
-from tests.conftest import TenantKeys, make_tenant
+from tests.conftest import SignedIn, TenantKeys, make_tenant
 from tests.integration.conftest import (
     PASSWORD,
     USDC_POLYGON,
@@ -330,6 +330,11 @@ PATH_TENANT_ROUTES = [key for key in SESSION_ROUTES if "<tenantId>" in key[2]]
 #: Every route a signed-in member reaches.
 MEMBER_ROUTES = TENANT_ROUTES + SESSION_ROUTES
 UNSAFE_MEMBER_ROUTES = [key for key in MEMBER_ROUTES if key[1] != "GET"]
+#: What a session a portal link opened reaches: the webhook routes and the session itself.
+LINK_ROUTES = {key for key in TENANT_ROUTES if ROUTES[key].scope in LINK_SCOPES} | {
+    (CORE, "GET", "/v1/sessions/current"),
+    (CORE, "DELETE", "/v1/sessions/current"),
+}
 
 
 def _id(key: tuple[str, str, str]) -> str:
@@ -655,6 +660,40 @@ def test_a_session_of_each_role_is_allowed_or_refused(
         assert f"{route.min_role} role" in body["error"], body
 
 
+def link_session(core_app: Flask, tenant: TenantKeys, role: str) -> SignedIn:
+    """A portal link of `tenant` with `role`, opened: the session it gives a browser."""
+    core = core_app.test_client()
+    made = ok(core.post("/v1/portal-links", json={"role": role}, headers=tenant.headers))
+    token = made["portalLink"]["url"].partition("#")[2]
+    session = ok(core.post("/v1/sessions/portal-link", json={"token": token}))["session"]
+    cookie = core.get_cookie(SESSION_COOKIE, path="/v1")
+    assert cookie is not None
+    return SignedIn(tenant.tenant_id, "", "", role, cookie.value, session["csrfToken"])
+
+
+@pytest.mark.parametrize("role", LINK_ROLES)
+@pytest.mark.parametrize("key", MEMBER_ROUTES, ids=_id)
+def test_a_portal_link_session_reaches_the_webhook_routes_only(
+    key: tuple[str, str, str],
+    role: str,
+    core_app: Flask,
+    notifier_app: Flask,
+    world: World,
+    tenant_c: TenantKeys,
+) -> None:
+    route = ROUTES[key]
+    app = core_app if key[0] == CORE else notifier_app
+    # Given a portal link of tenant C with `role`, opened in a browser
+    link = link_session(core_app, tenant_c, role)
+    # When the browser calls the route (C's tenant id in the path) with its CSRF token
+    response = send(link.client(app), key, world, link.headers, tenant=tenant_c.tenant_id)
+    # Then a webhook route answers as for a member of that role; anything else is 403
+    if key in LINK_ROUTES and ROLES.index(role) >= ROLES.index(str(route.min_role)):
+        assert response.status_code not in (401, 403), response.get_json()
+    else:
+        assert_error(response, 403, "forbidden")
+
+
 @pytest.mark.parametrize("key", UNSAFE_MEMBER_ROUTES, ids=_id)
 def test_an_unsafe_session_request_needs_its_own_csrf_token(
     key: tuple[str, str, str],
@@ -765,7 +804,7 @@ def test_a_key_decides_whatever_cookie_rides_along(
 # -- isolation ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("credential", ["key", "session"])
+@pytest.mark.parametrize("credential", ["key", "session", "link"])
 @pytest.mark.parametrize("key", TENANT_ROUTES, ids=_id)
 def test_tenant_b_never_reaches_tenant_a_objects(
     key: tuple[str, str, str],
@@ -783,8 +822,17 @@ def test_tenant_b_never_reaches_tenant_a_objects(
         # B's owner, signed in, instead of B's full-scope key
         owner = tenant_b.signed_in("owner")
         client, headers = owner.client(client.application), owner.headers
+    if credential == "link":
+        # A developer's portal link of B, opened, instead of B's full-scope key
+        link = link_session(core_app, tenant_b, "developer")
+        client, headers = link.client(client.application), link.headers
     # When tenant B asks the route about A's objects
     response = send(client, key, world, headers)
+    if credential == "link" and key not in LINK_ROUTES:
+        # (a link opens the webhook routes only: the rest refuse before any lookup)
+        assert_error(response, 403, "forbidden")
+        assert snapshot(core_app, notifier_app, world) == before
+        return
     # Then A's ids answer exactly as ids that do not exist, and lists show nothing of A
     if route.isolation == "not_found":
         assert_error(response, 404, "not_found")
