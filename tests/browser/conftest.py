@@ -27,35 +27,15 @@ import requests
 from shared.db import Database
 from shared.identity import service as identity
 from tests.conftest import PASSWORD
+from tests.support.chromium import CHROMIUM_ARGS, require_chromium
 from tests.support.processes import ROOT, SettleProcesses, settle_argv
 from tests.support.receiver import Receiver
 from tests.support.services import create_database, drop_database
 
-CHROMIUM = "/usr/bin/chromium"
-#: The flags every launch uses: headless, no sandbox (containers), nothing phoning home.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = ROOT / "docs" / "portal"
 ROLES = ("viewer", "developer", "admin", "owner")
 #: How long the UI may take to show something (a loaded 2-core machine).
 UI_TIMEOUT_MS = 15_000
-
-
-def require_chromium() -> str:
-    if os.access(CHROMIUM, os.X_OK):
-        return CHROMIUM
-    reason = f"{CHROMIUM} is missing (apt-get install chromium): the browser tests need it"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI: {reason}; .ci/run must install it", pytrace=False)
-    pytest.skip(reason)
 
 
 def _free_port() -> int:

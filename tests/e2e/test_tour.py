@@ -4,7 +4,8 @@ Terminal 1 runs the README's `make dev`, terminal 2 its `make listen ...` (both 
 PORT set to a free port and the data dir in a temporary folder), and terminal 3's block
 runs in bash as written, with the two values a person pastes (the printed key and the
 base URL) filled in. The tour's promise is checked where a person would look: terminal 2
-prints the credited deposit's webhook, verified.
+prints the credited deposit's webhook, verified; then the portal block runs as written
+and Chromium opens the printed URL, signs in and finds that delivery.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
+
+from tests.support.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 pytestmark = pytest.mark.e2e
 
@@ -168,6 +172,61 @@ def test_the_readme_tour_shows_the_credited_webhook_arrive_verified(
     assert "\033[" not in console
     assert not re.search(r"\d\d:\d\d:\d\d.*\[\d\d/\w+/\d{4}", console)  # werkzeug's own stamp
 
+    # And the README's portal block works as written: the person adds themself as a
+    # member (the printed tenant id pasted in), opens the printed URL and signs in
+    _open_the_portal(dev, env, f"http://127.0.0.1:{port}", tour_blocks()[3])
+
     # When terminal 2 is stopped, it deletes its endpoint
     listen.stop()
     assert "deleted endpoint we_" in listen.output()
+
+
+def _open_the_portal(dev: Terminal, env: dict[str, str], base: str, block: str) -> None:
+    """The tour's portal block in bash, then the portal in Chromium, as a person would."""
+    tenant = dev.wait_for(r"tenant\s+([0-9a-f-]{36})", 5).group(1)
+    script = block.replace("<the printed tenant id>", tenant)
+    assert tenant in script and "settle members add" in script
+    password = re.search(r"echo '([^']+)'", script)
+    email = re.search(r"--email (\S+)", script)
+    assert password and email, script
+    added = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert added.returncode == 0, added.stdout[-2000:] + added.stderr[-2000:]
+    # `/` is the portal (the README says: open it and sign in)
+    opened = requests.get(base + "/", timeout=30)
+    assert opened.ok and opened.url == base + "/portal/", opened.url
+    if not os.access(CHROMIUM, os.X_OK) and not os.environ.get("CI"):
+        # No browser here (CI always has one): the sign-in the page would make, by hand
+        signed = requests.post(
+            base + "/v1/sessions",
+            json={"email": email.group(1), "password": password.group(1)},
+            timeout=30,
+        )
+        assert signed.status_code == 200, signed.text
+        return
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=base)
+            page.set_default_timeout(30_000)
+            page.goto("/")
+            page.get_by_label("Email").fill(email.group(1))
+            page.get_by_label("Password").fill(password.group(1))
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_role("heading", name="Overview").wait_for()
+            # Then the deliveries the tour made are there: the credited deposit's, succeeded
+            page.locator("#nav").get_by_role("link", name="Deliveries").click()
+            row = page.get_by_role("row").filter(has_text="deposit.credited")
+            row.first.wait_for()
+            assert "succeeded" in row.first.inner_text()
+        finally:
+            browser.close()
