@@ -110,6 +110,27 @@ def test_a_wrong_password_is_refused_in_place(page: Any, portal: Portal) -> None
     screenshot(page, "sign-in")
 
 
+def test_signing_in_loads_the_overview_once_and_busy_ends_with_it(
+    page: Any, portal: Portal
+) -> None:
+    # Given the requests the page makes for its recent deposits (the overview's alone)
+    asked: list[str] = []
+    page.on(
+        "request",
+        lambda request: (
+            asked.append(request.url) if "/v1/deposits?limit=10" in request.url else None
+        ),
+    )
+    # When a member signs in
+    sign_in(page, portal, "viewer")
+    # Then the overview was loaded once (not once per hashchange and once by hand: two
+    # loads race, and the first to finish said "loaded" while the second was not), and
+    # what "loaded" promises is there
+    assert len(asked) == 1, asked
+    assert page.get_by_role("region", name="Recent deposits").count() == 1
+    assert page.get_by_role("region", name="Delivery health").count() == 1
+
+
 def test_the_keyboard_alone_signs_in_and_moves_around(page: Any, portal: Portal) -> None:
     # Given the sign-in page, focus in the first field
     page.goto("/")

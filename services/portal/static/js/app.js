@@ -104,7 +104,12 @@ function signedOut() {
   render();
 }
 
+//: Counts renders: a render that a newer one overtook (another click, a hashchange while
+//: its data loads) must neither clear aria-busy nor move focus; the newest owns the page.
+let renders = 0;
+
 async function render() {
+  const mine = ++renders;
   const main = document.getElementById("main");
   const { path, params } = parseHash();
   if (path === "/signin" || !session.current) {
@@ -136,8 +141,9 @@ async function render() {
     } catch (err) {
       root.append(message(err.message || String(err)));
     } finally {
-      main.setAttribute("aria-busy", "false");
+      if (mine === renders) main.setAttribute("aria-busy", "false");
     }
+    if (mine !== renders) return;
     const heading = main.querySelector("h1");
     if (heading) {
       heading.setAttribute("tabindex", "-1");
@@ -151,8 +157,10 @@ async function render() {
 async function signedIn(body) {
   session.current = body.session;
   rememberCsrf(body.session.csrfToken);
-  location.hash = session.link ? "#/endpoints" : "#/";
-  await render();
+  // Changing the hash renders (hashchange); render by hand only when it is already there.
+  const target = session.link ? "#/endpoints" : "#/";
+  if (location.hash === target) await render();
+  else location.hash = target;
 }
 
 async function openLink() {
