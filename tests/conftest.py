@@ -30,6 +30,7 @@ from shared.identity.models import SCOPES, Member
 from shared.identity.secrets import hash_password
 from shared.ids import new_id
 from shared.timefmt import utcnow
+from tests.support.chromium import CHROMIUM_ARGS, require_chromium
 from tests.support.keys import test_xpub
 from tests.support.services import create_database, drop_database
 
@@ -175,3 +176,16 @@ def other_tenant(pg_db: Database) -> TenantKeys:
 
 
 ALL_SCOPES = SCOPES
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, once per run (Playwright's sync API allows one at a time)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=require_chromium(), args=CHROMIUM_ARGS
+        )
+        yield launched
+        launched.close()

@@ -27,7 +27,7 @@ import requests
 from shared.db import Database
 from shared.identity import service as identity
 from tests.conftest import PASSWORD
-from tests.support.chromium import CHROMIUM_ARGS, require_chromium
+from tests.support.chromium import require_chromium
 from tests.support.processes import ROOT, SettleProcesses, settle_argv
 from tests.support.receiver import Receiver
 from tests.support.services import create_database, drop_database
@@ -140,18 +140,6 @@ def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Portal]:
     finally:
         group.stop_all()
         drop_database(name)
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=require_chromium(), args=CHROMIUM_ARGS
-        )
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
