@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 EXTENSION = "settle.ratelimit"
 #: Forget idle in-memory buckets after this many checks.
 _SWEEP_EVERY = 10_000
+#: Most failure counters a MemoryStore keeps (~100 bytes each); past it, the oldest go.
+MAX_COUNTERS = 200_000
 #: Longest a check waits on Redis (connect or answer) before using the local buckets.
 REDIS_TIMEOUT_S = 0.25
 #: How long after a Redis failure the local buckets are used before Redis is tried again.
@@ -190,8 +192,11 @@ def _decision(
 class MemoryStore:
     """GCRA buckets in this process, thread-safe; idle ones are forgotten."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, max_counters: int = MAX_COUNTERS
+    ) -> None:
         self._clock = clock
+        self._max_counters = max_counters
         self._tat: dict[str, float] = {}
         #: Failure counters: key -> (failures, last failure, forgotten at).
         self._failures: dict[str, tuple[int, float, float]] = {}
@@ -234,14 +239,21 @@ class MemoryStore:
                 return Charge(wait, ())
             for t in applying:
                 self._failures[t.key] = (counts[t.key][0] + 1, now, now + t.ttl_s)
+            if len(self._failures) > self._max_counters:
+                self._shed(now)
             return Charge(0.0, tuple(t.key for t in applying))
 
     def refund(self, keys: Sequence[str]) -> None:
         with self._lock:
             for key in keys:
                 found = self._failures.get(key)
-                if found is not None:
-                    self._failures[key] = (max(0, found[0] - 1), found[1], found[2])
+                if found is None:
+                    continue
+                if found[0] <= 1:
+                    # Nothing left to count: a flood of given-back attempts keeps nothing.
+                    del self._failures[key]
+                else:
+                    self._failures[key] = (found[0] - 1, found[1], found[2])
 
     def forget(self, keys: Sequence[str]) -> None:
         with self._lock:
@@ -259,6 +271,24 @@ class MemoryStore:
         if found is None or found[2] <= now:
             return 0, now
         return found[0], found[1]
+
+    def counters(self) -> int:
+        """How many failure counters this store holds (for tests and metrics)."""
+        with self._lock:
+            return len(self._failures)
+
+    def _shed(self, now: float) -> None:
+        """Over the bound: drop lapsed counters, then the oldest failures, to 3/4 of it.
+
+        Only a flood of distinct clients gets here; dropping its oldest counters gives
+        those clients fresh free failures, which is better than the process running out
+        of memory (with Redis the bound is Redis's memory and the counters' TTL).
+        """
+        self._failures = {k: v for k, v in self._failures.items() if v[2] > now}
+        keep = self._max_counters * 3 // 4
+        if len(self._failures) > keep:
+            newest = sorted(self._failures.items(), key=lambda kv: kv[1][1])[-keep:]
+            self._failures = dict(newest)
 
     def _sweep_failures(self, now: float) -> None:
         self._checks += 1
@@ -333,11 +363,12 @@ end
 return out
 """
 
-#: Store.refund: one failure fewer on each counter in KEYS that still exists.
+#: Store.refund: one failure fewer on each counter in KEYS that still exists; a counter
+#: at zero is deleted (a flood of given-back attempts leaves nothing behind).
 _REFUND = """
 for _, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 and redis.call('HINCRBY', key, 'n', -1) < 0 then
-    redis.call('HSET', key, 'n', 0)
+  if redis.call('EXISTS', key) == 1 and redis.call('HINCRBY', key, 'n', -1) <= 0 then
+    redis.call('DEL', key)
   end
 end
 return 0

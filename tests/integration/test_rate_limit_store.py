@@ -237,6 +237,11 @@ def test_sign_in_failure_counters_are_shared_and_wait_on_redis_time(prefix: str)
     a.refund(["signin:client:x", "signin:client:never-charged"])
     assert client.hget(prefix + "signin:client:x", "n") == b"2"
     assert not client.exists(prefix + "signin:client:never-charged")
+    # (a counter given back to zero is deleted: a flood of refunds leaves nothing behind)
+    once = _throttle("signin:client:once")
+    assert a.charge([once]).allowed
+    a.refund(["signin:client:once"])
+    assert not client.exists(prefix + "signin:client:once")
     b.forget(["signin:client:x"])
     assert a.charge([t]).allowed and a.charge([t]).allowed
     client.close()

@@ -166,3 +166,26 @@ def test_sign_in_counts_an_ipv6_client_by_its_64() -> None:
     assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
     assert client_key("::ffff:198.51.100.7") == "198.51.100.7" == client_key("198.51.100.7")
     assert client_key("unknown") == "unknown"
+
+
+def test_a_counter_given_back_to_zero_is_dropped() -> None:
+    # Given a flood whose attempts are all given back (refused while hashing is busy)
+    store = MemoryStore(clock=Clock())
+    for n in range(1000):
+        key = f"signin:pair:{n}"
+        assert store.charge([throttle(key)]).allowed
+        store.refund([key])
+    # Then nothing is kept for them: a flood of fresh names cannot grow the memory
+    assert store.counters() == 0
+
+
+def test_the_counters_kept_in_memory_are_bounded() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock, max_counters=100)
+    # When more distinct failing clients come than the store keeps
+    for n in range(1000):
+        clock.now += 0.001
+        store.charge([throttle(f"signin:client:{n}", free=1)])
+    # Then it keeps at most its bound, the most recent failures first
+    assert store.counters() <= 100
+    assert not store.charge([throttle("signin:client:999", free=1)]).allowed
