@@ -141,7 +141,9 @@ def build_engine(
         queues,
         metrics,
         limiter=EndpointLimiter(
-            config.per_endpoint_concurrency, share_of(config.worker_threads, config.tenant_share)
+            config.per_endpoint_concurrency,
+            share_of(config.worker_threads, config.tenant_share),
+            threads=config.worker_threads,
         ),
         breakers=CircuitBreakers(
             threshold=config.breaker_threshold,

@@ -5,6 +5,12 @@ A worker has `worker_threads` threads. No endpoint may hold more than
 tenant whose endpoints all hang or trickle leaves the other threads to everyone
 else. An attempt over either limit is put back (see actors.Deliverer) rather than
 waited for.
+
+The tenant share is work-conserving: while no other tenant has an attempt in flight
+here, a tenant may use every thread but a small reserve, so a worker serving one
+busy tenant runs at full speed (a fixed share halved a lone tenant's throughput and
+put its deliveries back for nothing). The reserve is what another tenant finds free
+the moment it shows up; from then on each tenant is held to its share again.
 """
 
 from __future__ import annotations
@@ -18,12 +24,25 @@ def share_of(threads: int, share: float) -> int:
     return max(1, math.floor(threads * share))
 
 
+def reserve_of(threads: int) -> int:
+    """Threads a lone tenant leaves free for the next tenant to show up: an eighth, at least 1."""
+    return max(1, threads // 8)
+
+
 class EndpointLimiter:
     """At most `limit` attempts at once per endpoint and `tenant_limit` per tenant here."""
 
-    def __init__(self, limit: int, tenant_limit: int | None = None) -> None:
+    def __init__(
+        self, limit: int, tenant_limit: int | None = None, *, threads: int | None = None
+    ) -> None:
         self.tenant_limit = max(1, tenant_limit if tenant_limit is not None else 1 << 30)
-        self.limit = min(max(1, limit), self.tenant_limit)
+        self.limit = max(1, limit)
+        #: What a tenant alone here may use: all threads but the reserve (at least its share).
+        self.alone_limit = (
+            max(self.tenant_limit, threads - reserve_of(threads))
+            if threads is not None
+            else self.tenant_limit
+        )
         self._busy: dict[str, int] = {}
         self._tenants: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -33,11 +52,16 @@ class EndpointLimiter:
         with self._lock:
             busy = self._busy.get(endpoint_id, 0)
             tenant = self._tenants.get(tenant_id, 0)
-            if busy >= self.limit or tenant >= self.tenant_limit:
+            if busy >= self.limit or tenant >= self._tenant_cap(tenant_id):
                 return False
             self._busy[endpoint_id] = busy + 1
             self._tenants[tenant_id] = tenant + 1
             return True
+
+    def _tenant_cap(self, tenant_id: str) -> int:
+        """The tenant's share, or more while it is the only tenant with attempts here."""
+        alone = not self._tenants or (len(self._tenants) == 1 and tenant_id in self._tenants)
+        return self.alone_limit if alone else self.tenant_limit
 
     def release(self, endpoint_id: str, tenant_id: str = "") -> None:
         with self._lock:

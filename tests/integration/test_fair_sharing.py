@@ -92,9 +92,10 @@ def test_a_tenant_with_many_hanging_endpoints_holds_only_its_share(
     assert slowest < 0.8, f"the healthy tenant waited {slowest:.2f}s"
     for envelope in sent:
         pipeline.wait_status(envelope["id"], SUCCEEDED)
-    # And no 0.9 s window saw the hostile tenant hold more than its 4 threads
+    # And no 0.9 s window saw the hostile tenant hold more than 7 threads: alone it may
+    # use all but the reserve (1 of 8), which the healthy tenant found free at once
     hostile_times = [h.received_at for p in paths for h in rx.hits(p)]
-    assert _most_at_once(hostile_times, 0.9) <= 4
+    assert _most_at_once(hostile_times, 0.9) <= 7
 
 
 def test_the_breaker_stops_hammering_a_failing_endpoint_and_probes_until_it_answers(

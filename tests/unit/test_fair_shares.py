@@ -23,7 +23,29 @@ def test_a_tenant_holds_at_most_its_share_whatever_its_endpoints() -> None:
 def test_shares_are_at_least_one_thread() -> None:
     assert share_of(1, 0.5) == 1
     assert share_of(16, 0.25) == 4
-    assert EndpointLimiter(8, 2).limit == 2  # an endpoint never gets more than its tenant
+    limiter = EndpointLimiter(8, 2)
+    assert sum(limiter.try_acquire("ep", "t") for _ in range(8)) == 2  # nor than its tenant
+
+
+def test_a_tenant_alone_may_use_all_but_a_reserve_until_another_shows_up() -> None:
+    # Given 16 threads, half for any one tenant when several are busy
+    limiter = EndpointLimiter(16, share_of(16, 0.5), threads=16)
+    # When one tenant is alone here, it gets every thread but the reserve (2 of 16)
+    got = sum(limiter.try_acquire("ep", "busy") for _ in range(16))
+    assert got == 14
+    # Then another tenant finds a free thread at once
+    assert limiter.try_acquire("other-ep", "newcomer")
+    # And while it is busy, the first is back to its share: no more until it drops below 8
+    for _ in range(5):
+        limiter.release("ep", "busy")
+    assert limiter.tenant_busy("busy") == 9
+    assert not limiter.try_acquire("ep", "busy")
+    limiter.release("ep", "busy")
+    limiter.release("ep", "busy")
+    assert limiter.try_acquire("ep", "busy")
+    # And once the newcomer is done, the first tenant may grow again
+    limiter.release("other-ep", "newcomer")
+    assert limiter.try_acquire("ep", "busy")
 
 
 class Clock:
