@@ -343,8 +343,7 @@ class Web3ChainReader(ChainReader):
                 transfer = decode_transfer(chain_id, raw)
                 if transfer is not None:
                     logs.append(transfer)
-        logs.sort(key=_position)
-        return logs
+        return _unique(logs)
 
     def block_transfer_logs(
         self, block_hash: str, tokens: Sequence[str] | None
@@ -362,9 +361,7 @@ class Web3ChainReader(ChainReader):
             raw = self._call("eth_getLogs", [params])
         except NodeError:
             return None
-        logs = [t for t in (decode_transfer(chain_id, r) for r in raw) if t is not None]
-        logs.sort(key=_position)
-        return logs
+        return _unique([t for t in (decode_transfer(chain_id, r) for r in raw) if t is not None])
 
     def _get_logs(self, span: dict[str, str], contracts: list[str] | None) -> list[Any]:
         params: dict[str, Any] = {**span, "topics": [TRANSFER_TOPIC]}
@@ -387,6 +384,22 @@ class Web3ChainReader(ChainReader):
 
 def _position(log: TransferLog) -> tuple[int, int]:
     return (log.block_number, log.log_index)
+
+
+def _unique(logs: list[TransferLog]) -> list[TransferLog]:
+    """Logs in block order, each once. A log is its block and its index there: a provider
+    that answers one twice (some have, at the edges of the spans they split a range
+    into) would otherwise make it a second transfer of its transaction. Two different
+    logs at one place are a node contradicting itself: refused."""
+    seen: dict[tuple[str, int], TransferLog] = {}
+    for log in logs:
+        key = (log.block_hash, log.log_index)
+        prior = seen.setdefault(key, log)
+        if prior != log:
+            raise NodeError(
+                "eth_getLogs", 0, f"two different logs at index {key[1]} of block {key[0]}"
+            )
+    return sorted(seen.values(), key=_position)
 
 
 @dataclass(frozen=True, slots=True)

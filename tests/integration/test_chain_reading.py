@@ -561,6 +561,24 @@ def test_ops_list_and_resolve_chain_incidents_from_the_command_line(
         assert (code, out) == (2, None) and err.startswith(error), err
 
 
+def test_a_logs_backend_answering_each_log_twice_makes_one_deposit(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a logs backend that answers every log of a block range twice
+    rig.proxy.duplicate_logs()
+    w = rig.watcher()
+    w.tick()
+    # When 12 USDC arrive, and the range read also covers the empty blocks after them
+    rig.send(12 * USDC)
+    rig.evm.mine(DEPTH + 1)
+    tick(w, 2)
+    # Then it is one deposit of 12 USDC, not a second transfer of the same transaction
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.amount_raw == str(12 * USDC) and deposit.transfer_seq == 0
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert rig.proxy.count("eth_getLogs", "duplicated") > 0
+
+
 # -- only real deposits --------------------------------------------------------------------
 
 

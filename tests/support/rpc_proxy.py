@@ -116,7 +116,8 @@ class Call:
 
     method: str
     params: list[Any]
-    #: "forwarded", "fault:<name>", "fault:<name> after forward", "lagged", "fork", "dropped"
+    #: "forwarded", "fault:<name>", "fault:<name> after forward", "lagged", "fork", "dropped",
+    #: "duplicated"
     outcome: str = "forwarded"
 
 
@@ -171,6 +172,7 @@ class RpcProxy:
         self._lag: tuple[int, frozenset[str]] | None = None
         self._fork: tuple[Fork, frozenset[str]] | None = None
         self._drop: list[int | None] = []
+        self._duplicate_logs = False
         self._closing = threading.Event()
         self.calls: list[Call] = []
         #: Hashes of transactions `drop_sends` swallowed.
@@ -251,6 +253,12 @@ class RpcProxy:
         with self._lock:
             self._drop.append(times)
 
+    def duplicate_logs(self, on: bool = True) -> None:
+        """Answer `eth_getLogs` over a block range with every log twice (as providers have
+        at span boundaries); asked by block hash, logs stay single."""
+        with self._lock:
+            self._duplicate_logs = on
+
     def clear(self) -> None:
         """Forget every rule and view (recorded calls stay)."""
         with self._lock:
@@ -258,6 +266,7 @@ class RpcProxy:
             self._lag = None
             self._fork = None
             self._drop.clear()
+            self._duplicate_logs = False
 
     # -- reading what happened ----------------------------------------------------------
 
@@ -395,7 +404,7 @@ class RpcProxy:
     def _view(self, method: str, params: list[Any]) -> bytes | None:
         """Answer from a view (raising _Answer), or None to forward."""
         with self._lock:
-            lag, fork = self._lag, self._fork
+            lag, fork, duplicate = self._lag, self._fork, self._duplicate_logs
             drop = method == "eth_sendRawTransaction" and self._use_drop()
         if drop:
             tx_hash = "0x" + keccak(hexstr=params[0]).hex()
@@ -406,6 +415,9 @@ class RpcProxy:
             self._fork_answer(fork[0], method, params)
         if lag is not None and method in lag[1]:
             self._lag_answer(lag[0], method, params)
+        if duplicate and method == "eth_getLogs" and params and "blockHash" not in params[0]:
+            logs = self.upstream_call(method, params)
+            raise _Answer("duplicated", result=[log for log in logs for _ in range(2)])
         return None
 
     def _use_drop(self) -> bool:
