@@ -142,3 +142,35 @@ def test_ops_wait_for_a_stuck_deposit_with_nothing_in_flight() -> None:
     assert refusal(states.SOURCE_CONFIRMED, quiet_s=60) is not None
     assert refusal(states.SOURCE_CONFIRMED, quiet_s=3600) is None
     assert refusal(states.SOURCE_CONFIRMED, quiet_s=3600, in_flight=True) is not None
+
+
+BAND = Decimal("0.02")
+
+
+def test_dust_shows_no_net() -> None:
+    decision = rules.decide(facts("0.999999"), BASE, FEE, PAYEE)
+    assert isinstance(decision, rules.Fail) and decision.net_usd is None
+
+
+@pytest.mark.parametrize(
+    ("price", "reason"),
+    [(Decimal("0.97"), "off_peg: USDC at 0.97 USD (band 2 %)"), (None, states.REVIEW_NO_PRICE)],
+)
+def test_a_stablecoin_off_its_peg_or_without_a_price_goes_to_review(
+    price: Decimal | None, reason: str
+) -> None:
+    decision = rules.decide(facts("100"), BASE, FEE, PAYEE, rules.PegCheck(price, BAND))
+    assert decision == rules.Review(reason)
+
+
+def test_the_guard_looks_at_the_destination_too_and_lets_the_band_through() -> None:
+    depegged = rules.Payee(BASE, USDC, Decimal("1.03"))
+    decision = rules.decide(facts("100"), BASE, FEE, depegged, rules.PegCheck(Decimal(1), BAND))
+    assert isinstance(decision, rules.Review) and decision.reason.startswith("off_peg: USDC")
+    within = rules.decide(facts("100"), BASE, FEE, PAYEE, rules.PegCheck(Decimal("0.99"), BAND))
+    assert isinstance(within, rules.Pay)
+    # A non-dollar asset has no peg to guard
+    eurc = rules.decide(
+        facts("100", "EURC"), BASE, FEE, PAYEE, rules.PegCheck(Decimal("1.08"), BAND)
+    )
+    assert isinstance(eurc, rules.Pay)

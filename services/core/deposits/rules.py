@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from services.core.chains import Asset, Chain
 from services.core.deposits import states
-from services.core.deposits.pricing import token_amount
+from services.core.deposits.pricing import off_peg, token_amount
 
 #: Outcomes a sandbox deposit can rehearse.
 SANDBOX_OUTCOMES = ("credited", "failed", "manual_review")
@@ -67,6 +67,14 @@ class Pay:
 Decision = Fail | Review | Pay
 
 
+@dataclass(frozen=True)
+class PegCheck:
+    """The deposit asset's price now, and how far a dollar stablecoin may be from 1."""
+
+    asset_price: Decimal | None
+    band: Decimal
+
+
 def net_usd(amount_usd: Decimal, fee_usd: Decimal) -> Decimal:
     """What is left to pay after the fee (never below 0)."""
     return max(amount_usd - fee_usd, Decimal(0))
@@ -77,12 +85,13 @@ def decide(
     chain: Chain | None,
     fee_usd: Decimal,
     payee: Payee | None,
+    peg: PegCheck | None = None,
 ) -> Decision:
     """The settlement decision of a confirmed deposit.
 
     `chain` is the deposit's own chain (None when no longer configured), `fee_usd` the
     chain's live fee now, `payee` the destination's asset and price (None when the
-    destination cannot be paid).
+    destination cannot be paid), `peg` the guard (None: not checked, sandbox deposits).
     """
     if facts.sandbox_outcome == "failed":
         return Fail(states.REASON_SANDBOX)
@@ -92,6 +101,16 @@ def decide(
         return Review(states.REVIEW_UNSUPPORTED_TOKEN)
     if facts.amount_usd is None:
         return Review(states.REVIEW_NO_PRICE)
+    if peg is not None:
+        # A stablecoin off its peg is not worth a dollar: a person decides, on either
+        # side of the credit (what arrived, what would be paid).
+        if peg.asset_price is None:
+            return Review(states.REVIEW_NO_PRICE)
+        if off_peg(facts.asset, peg.asset_price, peg.band):
+            return Review(_off_peg(facts.asset, peg.asset_price, peg.band))
+        paid = payee.price_usd if payee is not None else None
+        if payee is not None and paid is not None and off_peg(payee.asset.symbol, paid, peg.band):
+            return Review(_off_peg(payee.asset.symbol, paid, peg.band))
     net = facts.amount_usd - fee_usd
     shown = net_usd(facts.amount_usd, fee_usd)
     if chain.min_deposit_usd is not None and facts.amount_usd < chain.min_deposit_usd:
@@ -105,6 +124,10 @@ def decide(
     if amount <= 0:
         return Fail(states.REASON_BELOW_FEE, fee_usd, shown)
     return Pay(fee_usd, net, amount)
+
+
+def _off_peg(symbol: str, price: Decimal, band: Decimal) -> str:
+    return f"{states.REVIEW_OFF_PEG}: {symbol} at {price} USD (band {(band * 100).normalize():f} %)"
 
 
 def retry_delay(attempts: int, max_attempts: int, base_s: float) -> timedelta | None:

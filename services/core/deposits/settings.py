@@ -68,8 +68,16 @@ class PipelineSettings:
     simulated_bridge_s: float = 1.0
     #: Hex private key of the hot wallet that pays direct and inventory credits on chain.
     hot_wallet_key: str | None = None
-    #: USD prices by asset symbol, over the built-in stablecoins at 1.
+    #: USD prices by asset symbol, over the built-in stablecoins at 1 (the fixed table).
     prices_usd: Mapping[str, Decimal] = field(default_factory=dict)
+    #: `static` (the fixed table) or the http(s) URL of a JSON price document.
+    price_source: str = "static"
+    #: Seconds between fetches of a URL price source (by the worker).
+    price_refresh_s: float = 60.0
+    #: Seconds a fetched price stays usable; older, the asset has no price (review).
+    price_max_age_s: float = 300.0
+    #: How far (a fraction) a dollar stablecoin may trade from 1 and still be settled.
+    peg_band: Decimal = Decimal("0.02")
     #: Inventory balances to start from (rows already tracked are not overwritten).
     inventory: tuple[InventorySeed, ...] = ()
 
@@ -98,6 +106,10 @@ class PipelineSettings:
             simulated_bridge_s=_non_negative(env, "SETTLE_SIMULATED_BRIDGE_S", 1.0),
             hot_wallet_key=env_str(env, "SETTLE_HOT_WALLET_KEY"),
             prices_usd=parse_prices(env_str(env, "SETTLE_PRICES_USD", "") or ""),
+            price_source=parse_price_source(env_str(env, "SETTLE_PRICE_SOURCE", "") or "static"),
+            price_refresh_s=_non_negative(env, "SETTLE_PRICE_REFRESH_S", 60.0),
+            price_max_age_s=_non_negative(env, "SETTLE_PRICE_MAX_AGE_S", 300.0),
+            peg_band=_decimal(env_str(env, "SETTLE_PEG_BAND", "0.02") or "0.02", "SETTLE_PEG_BAND"),
             inventory=parse_inventory(env_str(env, "SETTLE_INVENTORY", "") or ""),
         )
 
@@ -128,6 +140,14 @@ def parse_prices(text: str) -> dict[str, Decimal]:
             raise SettingsError(f"SETTLE_PRICES_USD: {item!r} is not SYMBOL=price")
         prices[symbol.strip()] = _decimal(value.strip(), "SETTLE_PRICES_USD")
     return prices
+
+
+def parse_price_source(text: str) -> str:
+    """`static`, or an http(s) URL."""
+    text = text.strip()
+    if text == "static" or text.startswith(("http://", "https://")):
+        return text
+    raise SettingsError(f"SETTLE_PRICE_SOURCE: {text!r} is neither 'static' nor an http(s) URL")
 
 
 def parse_inventory(text: str) -> tuple[InventorySeed, ...]:

@@ -144,7 +144,11 @@ class Settling:
         # The fee is the chain's live fee at the moment of settlement.
         fee = fee_for(session, chain) if chain is not None else Decimal(0)
         payee = self._payee(deposit)
-        decision = rules.decide(facts, chain, fee, payee)
+        peg = None
+        if not deposit.sandbox and deposit.asset is not None:
+            price = self.prices.usd_price(deposit.chain_id, deposit.asset)
+            peg = rules.PegCheck(price, self.settings.peg_band)
+        decision = rules.decide(facts, chain, fee, payee, peg)
         if decision.fee_usd is not None:
             deposit.fee_usd = decision.fee_usd
             deposit.net_usd = decision.net_usd

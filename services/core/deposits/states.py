@@ -64,6 +64,8 @@ REASON_SANDBOX = "sandbox_outcome"
 #: Why a deposit needs a person (`reviewReason`).
 REVIEW_UNSUPPORTED_TOKEN = "unsupported_token"
 REVIEW_NO_PRICE = "no_price"
+#: A dollar stablecoin (arrived or to be paid) priced outside SETTLE_PEG_BAND.
+REVIEW_OFF_PEG = "off_peg"
 REVIEW_UNSUPPORTED_DESTINATION = "unsupported_destination"
 REVIEW_NO_ROUTE = "no_route"
 REVIEW_ROUTE_FAILED = "route_failed"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
 from services.core.deposits.detection import Detection
-from services.core.deposits.pricing import StaticPrices
+from services.core.deposits.pricing import PriceFeed, build_prices
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
@@ -50,7 +50,10 @@ class Pipeline:
     sandbox: SandboxConfirmer
     watchers: list[ChainWatcher] = field(default_factory=list)
     settings: PipelineSettings = field(default_factory=PipelineSettings)
+    #: A URL price source, fetched between rounds (None: the fixed table).
+    price_feed: PriceFeed | None = None
     _health_due: float = 0.0
+    _prices_due: float = 0.0
 
     def settle_round(self) -> int:
         """One settlement round; how many steps did something (0: idle)."""
@@ -64,6 +67,11 @@ class Pipeline:
         for deposit_id in queue.due_for_poll(settling.clock(), batch):
             status = settling.poll(deposit_id)
             work += status is not None and status != "credit_submitted"
+        if self.price_feed is not None and time.monotonic() >= self._prices_due:
+            # Outside any transaction; a failed fetch keeps the last prices until they
+            # are too old (then deposits wait in review as `no_price`).
+            self.price_feed.refresh()
+            self._prices_due = time.monotonic() + self.settings.price_refresh_s
         if time.monotonic() >= self._health_due and settling.settlement.providers:
             settling.settlement.check_health(settling.db, settling.clock())
             self._health_due = time.monotonic() + self.settings.health_check_s
@@ -102,7 +110,9 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
         providers=providers,
         provider_max_failures=settings.provider_max_failures,
     )
-    prices = StaticPrices(settings.prices_usd)
+    prices = build_prices(settings)
+    if isinstance(prices, PriceFeed):
+        prices.refresh()
     settling = Settling(ctx.db, registry, settlement, prices, settings)
     detection = Detection(ctx.db, registry, prices)
     settlement.seed_inventory(ctx.db, settings.inventory, settling.clock())
@@ -130,7 +140,14 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
     sandbox = SandboxConfirmer(
         detection, SandboxChain(settings.sandbox_block_s), batch_size=settings.batch_size
     )
-    return Pipeline(settling=settling, sandbox=sandbox, watchers=watchers, settings=settings)
+    return Pipeline(
+        settling=settling,
+        sandbox=sandbox,
+        watchers=watchers,
+        settings=settings,
+        price_feed=prices if isinstance(prices, PriceFeed) else None,
+        _prices_due=time.monotonic() + settings.price_refresh_s,
+    )
 
 
 def loop(name: str, step: Callable[[], bool], idle_s: float, stop: threading.Event) -> None:
