@@ -57,10 +57,32 @@ LEASE_LOST = "lease_lost"
 RETRY_PRIORITY = 10
 
 
+#: (endpoint id, tenant id) of a delivery, carried by the messages of put-back deliveries.
+Route = tuple[str, str]
+
+
+def _route(value: Any) -> Route | None:
+    """A message's `route` kwarg (a JSON list), if it is one."""
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, str) for v in value)
+    ):
+        return (value[0], value[1])
+    return None
+
+
 class Dispatch(Protocol):
     """Sends later attempts of a delivery (broker.DeliveryQueues)."""
 
-    def schedule(self, delivery_id: str, delay_s: float, *, bounces: int = 0) -> None: ...
+    def schedule(
+        self,
+        delivery_id: str,
+        delay_s: float,
+        *,
+        bounces: int = 0,
+        route: tuple[str, str] | None = None,
+    ) -> None: ...
 
 
 class HttpSender(Protocol):
@@ -124,8 +146,15 @@ class Deliverer:
         self._attempts_ok = metrics.attempts.labels("success")
         self._succeeded = metrics.deliveries.labels(SUCCEEDED)
 
-    def deliver(self, delivery_id: str, bounces: int = 0) -> str:
-        """Run one attempt if this call wins the delivery; returns what happened (for tests)."""
+    def deliver(self, delivery_id: str, bounces: int = 0, route: Route | None = None) -> str:
+        """Run one attempt if this call wins the delivery; returns what happened (for tests).
+
+        `route` (endpoint id, tenant id), which a put-back message carries: when that
+        endpoint or tenant is still busy here, or its breaker still open, the message is
+        sent on later again without touching the database (the claim is what costs).
+        """
+        if route is not None and self._still_waiting(delivery_id, bounces, route):
+            return "saturated"
         with self.store.connection() as conn:
             now = utcnow()
             claim = self.store.claim(
@@ -140,6 +169,21 @@ class Deliverer:
             # Every line of the attempt carries the id of the request that caused the event.
             with logs.request_scope(claim.request_id):
                 return self._claimed(conn, claim, bounces)
+
+    def _still_waiting(self, delivery_id: str, bounces: int, route: Route) -> bool:
+        endpoint_id, tenant_id = route
+        wait_s = self.breakers.wait_s(endpoint_id, peek=True)
+        if wait_s > 0:
+            delay = wait_s * random.uniform(1.0, 1.2)
+        elif self.limiter.is_full(endpoint_id, tenant_id):
+            delay = saturated_delay(bounces, self.tuning)
+        else:
+            return False
+        self.metrics.saturated.inc()
+        self.dispatch.schedule(
+            delivery_id, delay, bounces=min(bounces + 1, MAX_BOUNCES), route=route
+        )
+        return True
 
     def _claimed(self, conn: Connection, claim: Claim, bounces: int) -> str:
         """The delivery is this worker's: attempt it, or hold, put back or stop it."""
@@ -167,14 +211,19 @@ class Deliverer:
         delay = saturated_delay(bounces, self.tuning)
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.saturated.inc()
-        self.dispatch.schedule(claim.delivery_id, delay, bounces=min(bounces + 1, MAX_BOUNCES))
+        self.dispatch.schedule(
+            claim.delivery_id,
+            delay,
+            bounces=min(bounces + 1, MAX_BOUNCES),
+            route=(claim.endpoint_id, claim.tenant_id),
+        )
 
     def _hold(self, conn: Connection, claim: Claim, wait_s: float) -> None:
         """The endpoint's breaker is open: no attempt; due again when it may probe."""
         delay = wait_s * random.uniform(1.0, 1.2)
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.held.inc()
-        self.dispatch.schedule(claim.delivery_id, delay)
+        self.dispatch.schedule(claim.delivery_id, delay, route=(claim.endpoint_id, claim.tenant_id))
 
     def _stop(self, conn: Connection, claim: Claim) -> None:
         """No attempt: the endpoint was deleted (the delivery fails) or disabled (skipped,
@@ -342,11 +391,13 @@ class DeliveryActors:
     def __init__(self, queues: DeliveryQueues, deliverer: Deliverer) -> None:
         options = {"max_retries": 0}
 
-        def deliver(delivery_id: str, bounces: int = 0) -> None:
-            deliverer.deliver(delivery_id, bounces)
+        def deliver(delivery_id: str, bounces: int = 0, route: list[str] | None = None) -> None:
+            deliverer.deliver(delivery_id, bounces, _route(route))
 
-        def deliver_retry(delivery_id: str, bounces: int = 0) -> None:
-            deliverer.deliver(delivery_id, bounces)
+        def deliver_retry(
+            delivery_id: str, bounces: int = 0, route: list[str] | None = None
+        ) -> None:
+            deliverer.deliver(delivery_id, bounces, _route(route))
 
         self.deliver = dramatiq.Actor(
             deliver,

@@ -45,8 +45,11 @@ class CircuitBreakers:
         self._states: dict[str, _State] = {}
         self._lock = threading.Lock()
 
-    def wait_s(self, endpoint_id: str) -> float:
-        """0 when an attempt may go now (maybe as the probe); else seconds to wait first."""
+    def wait_s(self, endpoint_id: str, *, peek: bool = False) -> float:
+        """0 when an attempt may go now (maybe as the probe); else seconds to wait first.
+
+        `peek`: only look; the probe is not taken (the claim's path takes it).
+        """
         if endpoint_id not in self._states:  # the common case, without the lock
             return 0.0
         with self._lock:
@@ -59,7 +62,8 @@ class CircuitBreakers:
             if state.probing:
                 # One probe at a time; the others look again a little later.
                 return min(1.0, state.cooldown_s)
-            state.probing = True
+            if not peek:
+                state.probing = True
             return 0.0
 
     def record(self, endpoint_id: str, *, ok: bool) -> bool:

@@ -91,13 +91,27 @@ class DeliveryQueues:
                 )
             )
 
-    def schedule(self, delivery_id: str, delay_s: float, *, bounces: int = 0) -> None:
-        """A later attempt on the retry queue, delayed by `delay_s`."""
+    def schedule(
+        self,
+        delivery_id: str,
+        delay_s: float,
+        *,
+        bounces: int = 0,
+        route: tuple[str, str] | None = None,
+    ) -> None:
+        """A later attempt on the retry queue, delayed by `delay_s`.
+
+        `route` (endpoint id, tenant id) lets the worker send a put-back delivery on
+        again while its endpoint or tenant is still busy, without a claim.
+        """
+        kwargs: dict[str, Any] = {"bounces": bounces} if bounces else {}
+        if route is not None:
+            kwargs["route"] = list(route)
         message = dramatiq.Message(
             queue_name=self.retry_queue,
             actor_name=self.retry_actor_name,
             args=(delivery_id,),
-            kwargs={"bounces": bounces} if bounces else {},
+            kwargs=kwargs,
             options={},
         )
         self.broker.enqueue(message, delay=max(0, int(delay_s * 1000)))

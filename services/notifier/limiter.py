@@ -63,6 +63,12 @@ class EndpointLimiter:
         alone = not self._tenants or (len(self._tenants) == 1 and tenant_id in self._tenants)
         return self.alone_limit if alone else self.tenant_limit
 
+    def is_full(self, endpoint_id: str, tenant_id: str) -> bool:
+        """Would `try_acquire` refuse now? (A hint, read without the lock: no slot taken.)"""
+        return self._busy.get(endpoint_id, 0) >= self.limit or self._tenants.get(
+            tenant_id, 0
+        ) >= self._tenant_cap(tenant_id)
+
     def release(self, endpoint_id: str, tenant_id: str = "") -> None:
         with self._lock:
             _drop(self._busy, endpoint_id)

@@ -128,7 +128,7 @@ class _Recorder:
         self.order: list[str] = []
         self.lock = threading.Lock()
 
-    def deliver(self, delivery_id: str, bounces: int = 0) -> str:
+    def deliver(self, delivery_id: str, bounces: int = 0, route: Any = None) -> str:
         time.sleep(0.02)
         with self.lock:
             self.order.append(delivery_id)
