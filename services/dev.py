@@ -23,6 +23,7 @@ from typing import Any
 from services.core.config import CoreConfig
 from services.devdata import read_demo, write_demo
 from services.notifier.config import NotifierConfig
+from shared import logs
 from shared.db import Database, normalize_url
 from shared.identity import service as identity
 from shared.identity.models import Tenant
@@ -208,9 +209,10 @@ def run_dev(args: argparse.Namespace) -> int:
     ):
         threading.Thread(target=target, args=(core_ctx, stop), name=name, daemon=True).start()
 
-    app = PathDispatcher(
-        create_core_app(context=core_ctx), create_notifier_app(context=embedded.ctx)
-    )
+    apps = (create_core_app(context=core_ctx), create_notifier_app(context=embedded.ctx))
+    for each in apps:
+        each.config[logs.ACCESS_LOG] = False  # the request handler below logs each request
+    app = PathDispatcher(*apps)
     sys.stdout.write(banner(args.host, args.port, demo, core_config.database_url))
     sys.stdout.flush()
     # SIGTERM unwinds like Ctrl-C, so the embedded PostgreSQL is stopped with us (atexit).

@@ -47,10 +47,38 @@ def test_production_lines_are_json_with_the_request_id(restore_logging: None) ->
     logs.configure("production", "INFO", out)
     answer = _app().test_client().get("/v1/ping", headers={"X-Request-Id": "req_abc-123"})
     assert answer.headers["X-Request-Id"] == "req_abc-123"
-    (line,) = [json.loads(x) for x in out.getvalue().splitlines()]
+    line, access = [json.loads(x) for x in out.getvalue().splitlines()]
     assert line["message"] == "inside the request" and line["requestId"] == "req_abc-123"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
     assert (line["level"], line["logger"]) == ("INFO", "settle.test")
+    # And one access line per request: method, path, status, latency, the request id
+    assert re.fullmatch(r"GET /v1/ping -> 200 in \d+ ms", access["message"]), access
+    assert (access["logger"], access["requestId"]) == ("settle.http", "req_abc-123")
+
+
+def test_an_error_answer_logs_its_code(restore_logging: None) -> None:
+    out = io.StringIO()
+    logs.configure("production", "INFO", out)
+    _app().test_client().get("/v1/nothing%0Ahere", headers={"X-Request-Id": "req_x"})
+    (access,) = [json.loads(x) for x in out.getvalue().splitlines()]
+    # The status and the error code, and a newline in the path cannot forge a line
+    assert re.fullmatch(
+        r"GET /v1/nothing\\x0ahere -> 404 not_found in \d+ ms", access["message"]
+    ), access
+    dev = io.StringIO()
+    logs.configure("dev", "INFO", dev)
+    _app().test_client().get("/v1/nothing%0Ahere")
+    assert len(dev.getvalue().splitlines()) == 1
+
+
+def test_the_access_line_can_be_left_to_the_server(restore_logging: None) -> None:
+    # settle dev's own server logs each request (network time included): no second line
+    out = io.StringIO()
+    logs.configure("production", "INFO", out)
+    app = _app()
+    app.config[logs.ACCESS_LOG] = False
+    app.test_client().get("/v1/nothing")
+    assert out.getvalue() == ""
 
 
 @pytest.mark.parametrize("given", ["x" * 200, "a b", "<script>", "", "évt"])
@@ -60,7 +88,8 @@ def test_an_implausible_request_id_is_replaced(given: str, restore_logging: None
     answer = _app().test_client().get("/v1/ping", headers={"X-Request-Id": given})
     rid = answer.headers["X-Request-Id"]
     assert rid != given and rid.startswith("req_")
-    assert json.loads(out.getvalue())["requestId"] == rid
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [line["requestId"] for line in lines] == [rid, rid]  # its line and the access line
 
 
 def test_dev_lines_have_one_timestamp_and_colour_only_on_a_terminal(
