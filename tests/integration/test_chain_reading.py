@@ -308,6 +308,35 @@ def test_vanished_transfer_fails_reorged_once_absent_for_the_depth(
     assert deposit_event_types(pg_db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
 
 
+def test_absence_is_counted_in_blocks_read_not_blocks_mined(rig: Rig, pg_db: Database) -> None:
+    # Given 40 USDC seen in block N, and a logs backend two blocks behind the node
+    w = rig.watcher()
+    w.tick()
+    tx = rig.send(40 * USDC)
+    rig.evm.mine()
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    rig.proxy.lag(2)
+    # When a reorg re-mines the transfer in block N + 2, and the head is N + 2 (the depth
+    # of blocks since N), though only block N of the new branch could be read yet
+    rig.evm.rewind(1)
+    rig.evm.mine(2)
+    rig.evm.replay(tx)
+    rig.evm.mine()
+    w.tick()
+    # Then the deposit waits (the blocks not read yet may hold its transfer)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_SEEN
+    # And once the backend catches up, the same deposit follows its transfer and confirms
+    rig.proxy.lag(0)
+    rig.evm.mine(DEPTH)
+    tick(w, 2)
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.id == seen.id and deposit.status == states.SOURCE_CONFIRMED
+    assert deposit.block_number == (seen.block_number or 0) + 2
+    assert failed_events(pg_db, rig.account.tenant_id) == 0
+
+
 def test_shorter_new_branch_does_not_fail_a_pending_deposit_before_a_rescan(
     rig: Rig, pg_db: Database
 ) -> None:

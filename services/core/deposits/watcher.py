@@ -34,7 +34,7 @@ before (a node behind, or a shorter new branch: they cannot be told apart yet) i
 waited out: nothing is read or judged until it has them again, when a replaced block
 shows as a changed checkpoint. A transfer found again on the new branch (same
 identity, see detection.py) moves its deposit; a pending deposit whose transfer has
-been absent from the canonical chain for `confirmations` blocks fails `reorged`. A fork
+been absent from the canonical chain for `confirmations` blocks read fails `reorged`. A fork
 point under the finality cursor is a reorg deeper than the chain's finality: every
 confirmed or credited deposit whose block left the chain becomes a chain incident for
 ops (`chain_incidents`, and the `settle_chain_incidents_open` metric), and a confirmed
@@ -493,13 +493,10 @@ class ChainWatcher:
                 continue  # past the node's head: judge nothing yet
             if canonical[number] != deposit.block_hash:
                 # Its block was replaced and read again without it. Gone for the depth
-                # (the new branch has that many blocks from its height): it vanished.
-                absent = head - number + 1
-                if (
-                    number < next_block
-                    and absent >= self.chain.confirmations
-                    and deposit.block_hash is not None
-                ):
+                # (the new branch has been read for that many blocks from its height, not
+                # merely mined: a block not read yet may hold the transfer): it vanished.
+                absent = next_block - number
+                if absent >= self.chain.confirmations and deposit.block_hash is not None:
                     result.reorged += (
                         self.detection.vanish(deposit.id, deposit.block_hash) is not None
                     )
