@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -291,6 +291,57 @@ def test_an_underpriced_payment_is_replaced_with_the_same_nonce(pooled: Rig) -> 
     assert in_flight_metric(rig) == 0
 
 
+def cancel(rig: Rig, nonce: int, max_fee: int, priority_fee: int) -> None:
+    """Another transaction from the hot wallet with `nonce` (a 0-value transfer to itself,
+    fees 20 % higher): what ops do to make a pending payment unminable."""
+    signed = rig.hot.sign_transaction(
+        {
+            "to": rig.hot.address,
+            "value": 0,
+            "gas": 21_000,
+            "nonce": nonce,
+            "chainId": rig.evm.chain_id,
+            "type": 2,
+            "maxFeePerGas": max_fee * 12 // 10,
+            "maxPriorityFeePerGas": priority_fee * 12 // 10,
+        }
+    )
+    answer = rig.node.answer(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "eth_sendRawTransaction",
+            "params": [signed.raw_transaction.to_0x_hex()],
+        }
+    )
+    assert "error" not in answer, answer
+
+
+def test_a_payment_whose_nonce_was_used_elsewhere_fails_and_is_paid_anew_once(
+    pooled: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(90 * USDC)
+    # (an in-flight payment is "old" at once here: the alert line shows)
+    parts = rig.parts(replace(SETTINGS, payment_alert_s=0.0))
+    pipeline = rig.pipeline(parts)
+    pipeline.settle_round()
+    (ours,) = rig.node.pool.values()
+    # Given another transaction took its nonce and is mined
+    cancel(rig, ours.nonce, ours.max_fee, ours.priority_fee)
+    rig.evm.mine()
+    # Then, once that is as deep as the depth, the payment failed (it can never be
+    # mined) and a new one, with the next nonce, pays the credit exactly once
+    run_until_credited(rig, pipeline, deposit_id)
+    assert rig.paid() == 89_500_000
+    assert rig.credited_events(deposit_id) == 1
+    first, second = payment_rows(rig.db, deposit_id)
+    assert (first["nonce"], first["outcome"]) == (ours.nonce, "failed")
+    assert (second["nonce"], second["outcome"]) == (ours.nonce + 1, "mined")
+    alerts = [r for r in caplog.records if r.getMessage().startswith("ALERT hot-wallet payment")]
+    assert 1 <= len(alerts) <= 2  # once per payment
+
+
 # -- 3. several workers, one wallet ------------------------------------------------------------
 
 
@@ -397,27 +448,7 @@ def test_ops_may_fail_a_payment_whose_nonce_another_transaction_used(pooled: Rig
     rig.pipeline(parts).settle_round()
     (ours,) = rig.node.pool.values()
     # Given ops cancel it: another transaction from the hot wallet with the same nonce
-    # (a 0-value transfer to itself, fees 20 % higher) replaces it and is mined
-    cancel = rig.hot.sign_transaction(
-        {
-            "to": rig.hot.address,
-            "value": 0,
-            "gas": 21_000,
-            "nonce": ours.nonce,
-            "chainId": rig.evm.chain_id,
-            "type": 2,
-            "maxFeePerGas": ours.max_fee * 12 // 10,
-            "maxPriorityFeePerGas": ours.priority_fee * 12 // 10,
-        }
-    )
-    rig.node.answer(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "eth_sendRawTransaction",
-            "params": [cancel.raw_transaction.to_0x_hex()],
-        }
-    )
+    cancel(rig, ours.nonce, ours.max_fee, ours.priority_fee)
     rig.evm.mine()
     # Then, until that is as deep as the chain's depth, failing is still refused
     with pytest.raises(Conflict):
