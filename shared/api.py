@@ -233,6 +233,18 @@ class StrictInteger(ma.fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class StrictNumber(ma.fields.Float):
+    """A finite JSON number: refuses booleans, numeric strings, NaN and infinities."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_nan=False, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
+        if isinstance(value, bool | str):
+            raise ma.ValidationError("must be a number")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class ListArgs(Schema):
     """Query arguments of every list: `limit` 1..200 (default 50) and an opaque `cursor`."""
 

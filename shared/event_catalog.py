@@ -177,6 +177,10 @@ _WEBHOOK_ENDPOINT = _object(
         "status": {"type": "string", "enum": ["enabled", "disabled"]},
         "disabledReason": {"type": ["string", "null"]},
         "previousSecretExpiresAt": _nullable(_TIMESTAMP),
+        "rateLimitPerSecond": {
+            "type": ["number", "null"],
+            "description": "The endpoint's own cap on deliveries a second; null: none.",
+        },
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
     },
@@ -373,6 +377,7 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "status": "disabled",
     "disabledReason": "failing",
     "previousSecretExpiresAt": None,
+    "rateLimitPerSecond": None,
     "createdAt": "2026-11-18T09:30:00.000Z",
     "updatedAt": "2026-11-21T04:11:28.123Z",
 }

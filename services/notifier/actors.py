@@ -32,7 +32,7 @@ from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
 from services.notifier.delivery_store import DISABLED_FAILING, Claim, Connection, DeliveryStore
 from services.notifier.fanout import ENDPOINT_DISABLED
-from services.notifier.limiter import EndpointLimiter
+from services.notifier.limiter import EndpointLimiter, EndpointRates
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import ENABLED, FAILED, RETRYING, SKIPPED, SUCCEEDED, Endpoint
 from services.notifier.retry_policy import DeliveryTuning, retry_delay, saturated_delay
@@ -138,6 +138,7 @@ class Deliverer:
         self.dispatch = dispatch
         self.metrics = metrics
         self.limiter = limiter
+        self.rates = EndpointRates()
         self.breakers = breakers
         self.tuning = tuning
         # The lease outlasts the attempt's deadline (DeliveryTuning checks the margin).
@@ -198,6 +199,10 @@ class Deliverer:
             self._put_back(conn, claim, bounces)
             return "saturated"
         try:
+            pace_s = self.rates.wait_s(claim.endpoint_id, claim.rate_limit_per_second)
+            if pace_s > 0:
+                self._pace(conn, claim, pace_s)
+                return "paced"
             return self._attempt(conn, claim)
         finally:
             self.limiter.release(claim.endpoint_id, claim.tenant_id)
@@ -224,6 +229,12 @@ class Deliverer:
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.held.inc()
         self.dispatch.schedule(claim.delivery_id, delay, route=(claim.endpoint_id, claim.tenant_id))
+
+    def _pace(self, conn: Connection, claim: Claim, wait_s: float) -> None:
+        """The endpoint's own rate limit says not yet: due again when its next turn comes."""
+        self.store.put_back(conn, claim, utcnow() + timedelta(seconds=wait_s))
+        self.metrics.paced.inc()
+        self.dispatch.schedule(claim.delivery_id, wait_s)
 
     def _stop(self, conn: Connection, claim: Claim) -> None:
         """No attempt: the endpoint was deleted (the delivery fails) or disabled (skipped,

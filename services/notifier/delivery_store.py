@@ -70,6 +70,8 @@ class Claim:
     secret_encrypted: str
     previous_secret_encrypted: str | None
     previous_secret_expires_at: datetime | None
+    #: The endpoint's own cap on attempts per second (None: none).
+    rate_limit_per_second: float | None = None
     #: The API request that caused the event (its attempts log under it), if any.
     request_id: str | None = None
 
@@ -122,6 +124,7 @@ def _claim_statement() -> sa.Update:
             Endpoint.secret_encrypted,
             Endpoint.previous_secret_encrypted,
             Endpoint.previous_secret_expires_at,
+            Endpoint.rate_limit_per_second,
             StoredEvent.request_id,
         )
     )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from collections.abc import Callable
 
 
 def share_of(threads: int, share: float) -> int:
@@ -89,3 +91,31 @@ def _drop(counts: dict[str, int], key: str) -> None:
         counts.pop(key, None)
     else:
         counts[key] = left
+
+
+class EndpointRates:
+    """Each endpoint's own `rateLimitPerSecond` in this process: a bucket of one token.
+
+    An attempt takes the token; it comes back after 1/rate seconds, so attempts are
+    paced evenly, never in bursts.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wait_s(self, endpoint_id: str, rate: float | None) -> float:
+        """0 and the token taken, or how long until the endpoint's next token."""
+        if not rate:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            due = self._next.get(endpoint_id, 0.0)
+            if due > now:
+                return due - now
+            self._next[endpoint_id] = now + 1.0 / rate
+            if len(self._next) > 10_000:
+                # Forget endpoints whose token is back (bounded memory).
+                self._next = {k: v for k, v in self._next.items() if v > now}
+            return 0.0

@@ -65,6 +65,11 @@ class NotifierMetrics:
             "Deliveries put back because their endpoint had all its slots busy in this process",
             registry=self.registry,
         )
+        self.paced = Counter(
+            "settle_webhook_rate_limited",
+            "Deliveries put back to keep to their endpoint's rateLimitPerSecond",
+            registry=self.registry,
+        )
         self.held = Counter(
             "settle_webhook_breaker_held",
             "Deliveries put back because their endpoint's circuit breaker was open",

@@ -63,6 +63,8 @@ class Endpoint(NotifierBase):
     previous_secret_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: Start of the current run of failed attempts (None after a success).
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: The endpoint's own cap on attempts per second (per worker process); None: none.
+    rate_limit_per_second: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -43,6 +43,16 @@ DEFAULT_SECRET_OVERLAP_S = MAX_SECRET_OVERLAP_S
 DISABLED_MANUAL = "manual"
 #: `last_error` of deliveries cancelled because their endpoint was deleted.
 ENDPOINT_DELETED = "endpoint_deleted"
+#: Bounds of an endpoint's `rateLimitPerSecond` (deliveries a second, per worker process).
+MIN_RATE_LIMIT = 0.01
+MAX_RATE_LIMIT = 1000.0
+
+
+class _Unchanged:
+    """PATCH left a field out (where None has a meaning of its own)."""
+
+
+UNCHANGED = _Unchanged()
 #: What our ids (`we_...`, `whd_...`, `evt_...`) can look like; nothing else is looked up.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
 
@@ -83,6 +93,15 @@ def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -
     return kept
 
 
+def checked_rate_limit(value: float | None, field: str = "rateLimitPerSecond") -> float | None:
+    """None (no limit), or a number of deliveries a second within the bounds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not MIN_RATE_LIMIT <= value <= MAX_RATE_LIMIT:
+        raise field_error(field, f"must be a number from {MIN_RATE_LIMIT} to {MAX_RATE_LIMIT:.0f}")
+    return float(value)
+
+
 def _lock_tenant(session: Session, tenant_id: str) -> None:
     """Serialize endpoint creation per tenant so the cap holds under concurrency."""
     session.execute(
@@ -112,6 +131,7 @@ def create_endpoint(
     event_types: Sequence[str],
     allow_private: bool,
     max_endpoints: int,
+    rate_limit_per_second: float | None = None,
     now: datetime | None = None,
 ) -> tuple[Endpoint, str]:
     """A new enabled endpoint and its secret (the only time it is seen in clear)."""
@@ -137,6 +157,7 @@ def create_endpoint(
         previous_secret_encrypted=None,
         previous_secret_expires_at=None,
         failing_since=None,
+        rate_limit_per_second=checked_rate_limit(rate_limit_per_second),
         created_at=now,
         updated_at=now,
         deleted_at=None,
@@ -180,10 +201,12 @@ def update_endpoint(
     url: str | None = None,
     event_types: Sequence[str] | None = None,
     status: str | None = None,
+    rate_limit_per_second: float | _Unchanged | None = UNCHANGED,
     allow_private: bool,
     now: datetime | None = None,
 ) -> Endpoint:
-    """Apply a PATCH: any subset of name, url, eventTypes, status."""
+    """Apply a PATCH: any subset of name, url, eventTypes, status, rateLimitPerSecond
+    (None removes the limit; UNCHANGED, the default, leaves it)."""
     if name is not None:
         endpoint.name = checked_name(name)
     if url is not None:
@@ -192,6 +215,8 @@ def update_endpoint(
         endpoint.event_types = checked_event_types(event_types)
     if status is not None:
         set_status(endpoint, status)
+    if not isinstance(rate_limit_per_second, _Unchanged):
+        endpoint.rate_limit_per_second = checked_rate_limit(rate_limit_per_second)
     endpoint.updated_at = now or utcnow()
     return endpoint
 

@@ -82,6 +82,7 @@ class WebhookEndpoints(MethodView):
                 event_types=args["event_types"],
                 allow_private=ctx.config.allow_private,
                 max_endpoints=ctx.max_endpoints_per_tenant,
+                rate_limit_per_second=args["rate_limit_per_second"],
                 now=now,
             )
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
@@ -118,6 +119,9 @@ class WebhookEndpoint(MethodView):
                 url=args.get("url"),
                 event_types=args.get("event_types"),
                 status=args.get("status"),
+                rate_limit_per_second=args.get(
+                    "rate_limit_per_second", webhook_endpoints.UNCHANGED
+                ),
                 allow_private=ctx.config.allow_private,
                 now=now,
             )

@@ -23,11 +23,13 @@ from services.notifier.webhook_endpoints import (
     DEFAULT_SECRET_OVERLAP_S,
     ID_PATTERN,
     MAX_NAME_LENGTH,
+    MAX_RATE_LIMIT,
     MAX_SECRET_OVERLAP_S,
+    MIN_RATE_LIMIT,
     previous_secret_expires_at,
 )
 from shared import signing
-from shared.api import ListArgs, Schema, StrictInteger, Timestamp
+from shared.api import ListArgs, Schema, StrictInteger, StrictNumber, Timestamp
 from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
 from shared.idempotency import OPENAPI_PARAMETER
@@ -57,6 +59,20 @@ def event_type_field(**kwargs: Any) -> ma.fields.String:
 
 # -- endpoints ----------------------------------------------------------------------
 
+RATE_LIMIT_DESCRIPTION = (
+    "Most deliveries a second this endpoint is sent (each worker process keeps to it; "
+    f"{MIN_RATE_LIMIT}..{MAX_RATE_LIMIT}); null: as fast as the fair shares allow."
+)
+
+
+def rate_limit_field(**kwargs: Any) -> StrictNumber:
+    return StrictNumber(
+        allow_none=True,
+        validate=ma.validate.Range(min=MIN_RATE_LIMIT, max=MAX_RATE_LIMIT),
+        metadata={"description": RATE_LIMIT_DESCRIPTION, "example": 10},
+        **kwargs,
+    )
+
 
 class EndpointSchema(Schema):
     id = ma.fields.String(required=True, metadata={"example": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B"})
@@ -81,6 +97,9 @@ class EndpointSchema(Schema):
             "deliveries; null when it does not."
         },
     )
+    rate_limit_per_second = ma.fields.Float(
+        required=True, allow_none=True, metadata={"description": RATE_LIMIT_DESCRIPTION}
+    )
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
 
@@ -95,6 +114,7 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
         "status": endpoint.status,
         "disabled_reason": endpoint.disabled_reason if endpoint.status == DISABLED else None,
         "previous_secret_expires_at": previous_secret_expires_at(endpoint, now),
+        "rate_limit_per_second": endpoint.rate_limit_per_second,
         "created_at": endpoint.created_at,
         "updated_at": endpoint.updated_at,
     }
@@ -124,6 +144,7 @@ class EndpointCreateSchema(Schema):
             "example": ["deposit.credited"],
         },
     )
+    rate_limit_per_second = rate_limit_field(load_default=None)
 
 
 class EndpointPatchSchema(Schema):
@@ -136,11 +157,14 @@ class EndpointPatchSchema(Schema):
     status = ma.fields.String(
         validate=ma.validate.OneOf([ENABLED, DISABLED]), metadata={"enum": [ENABLED, DISABLED]}
     )
+    rate_limit_per_second = rate_limit_field()
 
     @ma.validates_schema
     def _at_least_one(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
-            raise ma.ValidationError("give at least one of name, url, eventTypes, status")
+            raise ma.ValidationError(
+                "give at least one of name, url, eventTypes, status, rateLimitPerSecond"
+            )
 
 
 class RotateSecretSchema(Schema):
