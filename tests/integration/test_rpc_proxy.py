@@ -269,6 +269,20 @@ def test_web3_retries_reads_on_transport_faults_but_not_broadcasts(net: Net) -> 
     assert net.proxy.count("eth_blockNumber") == 3
 
 
+def test_reader_goes_through_the_environments_http_proxy(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given HTTP_PROXY naming the proxy, and a node URL nothing listens on (loopback)
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", net.proxy.url)
+    monkeypatch.setenv("http_proxy", net.proxy.url)
+    reader = Web3ChainReader.from_url("http://127.0.0.2:9/", TIMEOUT_S, net.chain.chain_id)
+    # Then the reader's calls reach the node through it, as requests' would
+    assert reader.head() == net.chain.head()
+    assert net.proxy.count("eth_blockNumber") == 1
+
+
 def test_delay_holds_the_call(net: Net) -> None:
     net.proxy.delay("eth_blockNumber", 1.5, times=1)
     w3 = net.w3()
