@@ -719,6 +719,110 @@ def test_every_field_is_labelled(page: Any, portal: Portal) -> None:
             screenshot(page, route.strip("/") or "overview")
 
 
+#: Every text on the page whose colour against its background is under WCAG AA: 4.5:1,
+#: or 3:1 for large text (24 px, or 18.66 px bold). Disabled controls are exempt (WCAG
+#: 1.4.3). Backgrounds are composited up the ancestors, as the browser paints them.
+LOW_CONTRAST_JS = """
+(() => {
+  const rgba = (text) => {
+    const m = text.match(/rgba?\\(([^)]+)\\)/);
+    if (!m) return [0, 0, 0, 0];
+    const p = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const over = (top, under) => {
+    const a = top[3] + under[3] * (1 - top[3]);
+    if (a === 0) return [0, 0, 0, 0];
+    const mix = (i) => (top[i] * top[3] + under[i] * under[3] * (1 - top[3])) / a;
+    return [mix(0), mix(1), mix(2), a];
+  };
+  const background = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) layers.push(rgba(getComputedStyle(e).backgroundColor));
+    let colour = [255, 255, 255, 1];  // the canvas
+    for (const layer of layers.reverse()) colour = over(layer, colour);
+    return colour;
+  };
+  const luminance = ([r, g, b]) => {
+    const lin = (c) => {
+      c /= 255;
+      return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    };
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+  };
+  const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const seen = new Set();
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const el = node.parentElement;
+    if (!node.textContent.trim() || seen.has(el)) continue;
+    seen.add(el);
+    if (el.closest("[disabled], noscript, .skip, .toast:not(.shown)")) continue;
+    const style = getComputedStyle(el);
+    const box = el.getBoundingClientRect();
+    const hidden = style.visibility === "hidden" || style.display === "none";
+    if (hidden || !box.width || !box.height) continue;
+    const bg = background(el);
+    const fg = over(rgba(style.color), bg);
+    const [hi, lo] = [luminance(fg), luminance(bg)].sort((a, b) => b - a);
+    const ratio = (hi + 0.05) / (lo + 0.05);
+    const size = parseFloat(style.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5)) {
+      const text = node.textContent.trim().slice(0, 30);
+      out.push(`${el.tagName.toLowerCase()}.${el.className} "${text}" ${ratio.toFixed(2)}`);
+    }
+  }
+  return out;
+})()
+"""
+
+
+def test_every_text_has_aa_contrast(page: Any, portal: Portal, receiver: Receiver) -> None:
+    # Given something on each page (an endpoint, a failed delivery, a toast shown)
+    receiver.script("/contrast", Answer.fail(500, b"contrast"))
+    endpoint_id = make_endpoint(portal, receiver.url("/contrast"))["webhookEndpoint"]["id"]
+    delivery = portal.call("POST", f"/v1/webhook-endpoints/{endpoint_id}/test")
+    delivery_id = delivery["webhookDelivery"]["id"]
+    portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries/{delivery_id}",
+        lambda b: b["webhookDelivery"]["status"] == "failed",
+    )
+    # (the check itself finds grey on white, 2.85:1, and passes the page's own ink)
+    page.goto("/")
+    page.get_by_label("Email").wait_for()
+    probe = """(() => { const p = document.createElement("p"); p.id = "probe";
+                        p.style.color = "#999999"; p.textContent = "probe";
+                        document.querySelector("main").append(p); })()"""
+    page.evaluate(probe)
+    assert [p for p in page.evaluate(LOW_CONTRAST_JS) if "probe" in p] == ['p. "probe" 2.85']
+    page.evaluate("document.getElementById('probe').remove()")
+    # When an owner opens every page, and the sign-in page is seen signed out
+    problems = {"/signin": page.evaluate(LOW_CONTRAST_JS)}
+    sign_in(page, portal, "owner")
+    for route in (
+        "/",
+        "/deposits",
+        "/accounts",
+        "/policy",
+        "/endpoints",
+        f"/endpoints/{endpoint_id}",
+        "/deliveries",
+        f"/deliveries/{delivery_id}",
+        "/events",
+        "/keys",
+        "/members",
+    ):
+        page.goto(f"/portal/#{route}")
+        page.locator("main h1").wait_for()
+        loaded(page)
+        page.locator("main details").evaluate_all("(all) => all.forEach((d) => (d.open = true))")
+        problems[route] = page.evaluate(LOW_CONTRAST_JS)
+    # Then no text anywhere is under AA
+    assert {route: found for route, found in problems.items() if found} == {}
+
+
 def test_hostile_names_are_shown_as_text(page: Any, portal: Portal, receiver: Receiver) -> None:
     # Given objects whose names and ids are markup (anyone with a key can set them)
     markup = '<img src=x onerror="window.__owned=1"><script>window.__owned=2</script>'
