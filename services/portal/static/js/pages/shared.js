@@ -25,18 +25,9 @@ export function chainName(list, chainId) {
 }
 
 let catalog = null;
-/** GET /v1/event-types (every type, its description, schema and example). */
+/** GET /v1/event-types (every type, its description, schema and example), once per page load. */
 export async function eventTypes() {
-  if (!catalog) {
-    try {
-      catalog = (await api("GET", "/v1/event-types")).eventTypes;
-    } catch (err) {
-      // Before the catalog route existed: the types the notifier's document lists.
-      const doc = await api("GET", "/v1/notifier/openapi.json");
-      const names = doc.components.schemas.Endpoint.properties.eventTypes.items.enum;
-      catalog = names.map((type) => ({ type, description: "", schema: null, example: null }));
-    }
-  }
+  if (!catalog) catalog = (await api("GET", "/v1/event-types")).eventTypes;
   return catalog;
 }
 
