@@ -20,7 +20,7 @@ import {
   table,
   time,
 } from "../ui.js";
-import { DEPOSIT_STATUSES, chainList, chainName } from "./shared.js";
+import { DEPOSIT_STATUSES, allEndpoints, chainList, chainName } from "./shared.js";
 
 const listState = { stack: [], cursor: null, key: "" };
 
@@ -130,15 +130,21 @@ async function renderOne(root, depositId) {
   const caused = section("Events and deliveries");
   root.append(caused);
   const eventIds = steps.map((s) => s.eventId);
-  const found = await Promise.all(
-    eventIds.map((id) => api("GET", `/v1/webhook-deliveries?eventId=${encodeURIComponent(id)}&limit=50`)),
-  );
+  const [endpoints, ...found] = await Promise.all([
+    allEndpoints(),
+    ...eventIds.map((id) => api("GET", `/v1/webhook-deliveries?eventId=${encodeURIComponent(id)}&limit=50`)),
+  ]);
+  const names = new Map(endpoints.map((e) => [e.id, e.name]));
   const rows = found.flatMap((b) => b.webhookDeliveries);
   caused.append(
     table("Deliveries of this deposit's events", [
       { label: "Created", time: "createdAt", render: (d) => time(d.createdAt) },
       { label: "Delivery", render: (d) => h("a", { href: `#/deliveries/${d.id}` }, d.id) },
       { label: "Event type", render: (d) => d.eventType },
+      {
+        label: "Endpoint",
+        render: (d) => h("a", { href: `#/endpoints/${d.endpointId}` }, names.get(d.endpointId) || d.endpointId),
+      },
       { label: "Status", render: (d) => badge(d.status) },
       { label: "Attempts", render: (d) => String(d.attemptCount) },
     ], rows, { empty: "No deliveries: no endpoint is subscribed to these events." }),

@@ -25,6 +25,11 @@ async function health(endpoint) {
   };
 }
 
+/** "1 deposit in manual review", "50+ deposits in manual review" (more pages exist). */
+function counted(n, more, one, many, what) {
+  return `${n}${more ? "+" : ""} ${n === 1 && !more ? one : many} ${what}`;
+}
+
 export async function render(root) {
   root.append(h("h1", {}, "Overview"));
   const [endpoints, retrying, review, recent, chains] = await Promise.all([
@@ -47,13 +52,13 @@ export async function render(root) {
   if (retrying.webhookDeliveries.length) {
     attention.push(
       h("li", {}, h("a", { href: "#/deliveries?status=retrying" },
-        `${retrying.webhookDeliveries.length}${retrying.nextCursor ? "+" : ""} deliveries retrying`)),
+        counted(retrying.webhookDeliveries.length, retrying.nextCursor, "delivery", "deliveries", "retrying"))),
     );
   }
   if (review.deposits.length) {
     attention.push(
       h("li", {}, h("a", { href: "#/deposits?status=manual_review_required" },
-        `${review.deposits.length}${review.nextCursor ? "+" : ""} deposits in manual review`)),
+        counted(review.deposits.length, review.nextCursor, "deposit", "deposits", "in manual review"))),
     );
   }
   root.append(
