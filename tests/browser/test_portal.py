@@ -542,13 +542,16 @@ def test_the_overview_shows_health_attention_and_recent_deposits(
     # And what needs attention: the disabled endpoint and the deposits in review
     attention = page.get_by_role("region", name="Needs attention")
     assert f"Endpoint {off['name']} is disabled" in attention.inner_text()
-    attention.get_by_role("link", name=re.compile(r"^\d+\+? deposits? in manual review$")).wait_for()
+    in_review = attention.get_by_role(
+        "link", name=re.compile(r"^\d+\+? deposits? in manual review$")
+    )
+    in_review.wait_for()
     # And the recent deposits, the new one first
     recent = page.get_by_role("table", name="Recent deposits")
     assert deposit["id"] in recent.get_by_role("row").nth(1).inner_text()
     screenshot(page, "overview")
     # And the attention link opens the deposits in review
-    attention.get_by_role("link", name=re.compile(r"^\d+\+? deposits? in manual review$")).click()
+    in_review.click()
     page.get_by_role("row").filter(has_text=deposit["id"]).wait_for()
 
 
