@@ -46,7 +46,7 @@ from shared import events, signing
 from shared.bus import BusNames
 from shared.db import Database
 from shared.identity import service as identity
-from shared.timefmt import iso_ms, utcnow
+from shared.timefmt import iso_ms, parse_iso, utcnow
 from tests.conftest import PASSWORD, TenantKeys, core_config, make_tenant
 from tests.support import keys
 from tests.support.hostile import HostileClients, sign_in
@@ -90,7 +90,7 @@ SUBSCRIBED = [
     events.DEPOSIT_FAILED,
     events.DEPOSIT_MANUAL_REVIEW_REQUIRED,
 ]
-TENANTS = 4
+TENANTS = 5
 ROUNDS = 10
 ROUND_S = 2.5
 DEPOSITS_PER_ROUND = 3
@@ -471,9 +471,11 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
         with Receiver() as rx, procs:
             soak = Soak(soak_url, procs, rx, tmp_path, rng)
             databases.append(soak.db)
-            # Given four sandbox tenants, each with a healthy endpoint; three also have one
-            # that will fail with 500, hang past the timeout, or drop the connection
-            flaky_kinds = ["fail", "hang", "close", None]
+            # Given five sandbox tenants, each with a healthy endpoint; four also have one
+            # that will fail with 500, hang past the timeout, drop the connection, or
+            # trickle its answer a byte at a time (cut at the 1 s attempt deadline); the
+            # fifth is the healthy tenant
+            flaky_kinds = ["fail", "hang", "close", "trickle", None]
             for kind in flaky_kinds[:TENANTS]:
                 run = soak.add_tenant(kind)
                 soak.open_account(run)
@@ -487,15 +489,23 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
                 "fail": Answer.fail(500),
                 "hang": Answer.hang(2.5),
                 "close": Answer.close(),
+                "trickle": Answer.trickle(0.2),
             }
+            #: Healthy endpoints answer 200 with 16 MiB bodies in the first window.
+            huge = Answer.huge(16 << 20)
 
             def fault_window(only: str | None = None) -> None:
                 """Misbehave for FAULT_WINDOW_S of wall time, then answer 200 again."""
                 kinds = [(p, k) for p, k in flaky.items() if k in faults and only in (None, k)]
+                healthy = [p for p, k in flaky.items() if k == "healthy" and only is None]
                 for path, kind in kinds:
                     rx.script(path, faults[kind])
+                for path in healthy:
+                    rx.script(path, huge)
                 time.sleep(FAULT_WINDOW_S)
                 for path, _ in kinds:
+                    rx.script(path, Answer.ok())
+                for path in healthy:
                     rx.script(path, Answer.ok())
 
             def kill_and_restart() -> None:
@@ -576,6 +586,19 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
             deposits = soak.rows(sa.select(Deposit.status))
             assert len(deposits) == sum(soak.tally.deposits.values())
 
+            # And the healthy tenant's deliveries stayed on time beside the hostile ones
+            # (commit in core to the first 2xx, faults and restarts included)
+            healthy_tenant = soak.tenants[flaky_kinds.index(None)]
+            on_time = _commit_to_receipt(rx, list(healthy_tenant.paths))
+            others = _commit_to_receipt(
+                rx,
+                [p for p, k in flaky.items() if k == "healthy" and p not in healthy_tenant.paths],
+            )
+            # The outages (kill, RabbitMQ restart) delay everyone alike; the hostile
+            # receivers must not delay the tenant that has none more than the others
+            assert on_time["p50"] <= others["p50"] * 1.25 + 0.5, (on_time, others)
+            assert on_time["p99"] <= others["p99"] * 1.25 + 1.0, (on_time, others)
+
             # Print the figures (docs/RELIABILITY.md quotes them)
             statuses = Counter(
                 r.status for r in soak.rows(sa.select(Delivery.status).select_from(Delivery))
@@ -595,6 +618,10 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
                 "attempts": attempts,
                 "receiverRequests": hits_total,
                 "redelivered": redelivered,
+                "commitToReceiptS": {
+                    "healthyTenant": on_time,
+                    "otherTenantsHealthyEndpoints": others,
+                },
                 "reconcile": report.counts.to_dict(),
                 "discrepancies": len(report.discrepancies()),
                 "drivenSeconds": round(driven_s, 1),
@@ -611,6 +638,20 @@ def test_soak_faults_and_load_lose_nothing(soak_url: str, tmp_path: Path) -> Non
         for db in databases:
             db.dispose()
         delete_bus(names)
+
+
+def _commit_to_receipt(rx: Receiver, paths: list[str]) -> dict[str, float]:
+    """p50, p99 and max seconds from an event's commit in core to its first 2xx at `paths`."""
+    seconds = sorted(
+        min(h.received_at for h in hits)
+        - parse_iso(json.loads(hits[0].body)["createdAt"]).timestamp()
+        for path in paths
+        for hits in _accepted(rx.hits(path)).values()
+    )
+    if not seconds:
+        return {}
+    pick = lambda q: round(seconds[min(len(seconds) - 1, round(q * (len(seconds) - 1)))], 3)  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(seconds[-1], 3)}
 
 
 #: Durable deposit event types (their ids are `evt_dep_<depositId>_<status>`).

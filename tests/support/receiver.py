@@ -142,7 +142,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             state.record(Hit(path, headers, body, received, None))
             state.closing.wait(answer.seconds)
         elif answer.kind in ("trickle", "huge"):
-            state.record(Hit(path, headers, body, received, 200))
+            # A trickled answer is never complete in time: the sender cuts it (not answered).
+            state.record(Hit(path, headers, body, received, 200 if answer.kind == "huge" else None))
             self.close_connection = True
             with contextlib.suppress(OSError):
                 if answer.kind == "trickle":
