@@ -21,6 +21,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
+from web3.datastructures import AttributeDict
 from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 from web3.types import TxParams
 
@@ -174,6 +175,35 @@ class Erc20TransferExecutor:
 
     def head(self) -> int:
         return int(self.w3.eth.block_number)
+
+    def nonce_user(self, nonce: int, at_block: int) -> str | None:
+        """Hash of the canonical transaction that used the wallet's `nonce`, if it was
+        used at or before `at_block` (None: not used there, or not found).
+
+        Finds the block where the wallet's count passed `nonce` (a binary search on
+        `eth_getTransactionCount` at block heights), then reads that block's
+        transactions: the proof a payment can no longer be mined is another
+        transaction with its nonce, not a missing receipt (receipts can be missing or
+        stale on a lagging or load-balanced node).
+        """
+        if self.nonce(at_block) <= nonce:
+            return None
+        lo, hi = 0, at_block  # count(hi) > nonce; find the first such block
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.nonce(mid) > nonce:
+                hi = mid
+            else:
+                lo = mid + 1
+        block = self.w3.eth.get_block(lo, full_transactions=True)
+        for tx in block["transactions"]:
+            if (
+                isinstance(tx, dict | AttributeDict)
+                and str(tx["from"]).lower() == self.address.lower()
+                and int(tx["nonce"]) == nonce
+            ):
+                return hex0x(tx["hash"]).lower()
+        return None
 
     def block_hash(self, number: int) -> str | None:
         """The canonical block hash at `number` (None past the head)."""

@@ -459,3 +459,34 @@ def test_ops_may_fail_a_payment_whose_nonce_another_transaction_used(pooled: Rig
     assert (deposit.status, deposit.failure_reason) == (states.FAILED, "cancelled")
     assert rig.paid() == 0
     assert [row["outcome"] for row in payment_rows(rig.db, deposit_id)] == ["ops"]
+
+
+def test_a_receipt_from_a_block_that_left_the_chain_is_not_taken_as_paid(rig: Rig) -> None:
+    deposit_id = rig.deposit(65 * USDC)
+    # (no replacement in this test: the same transaction is the only candidate)
+    pipeline = rig.pipeline(rig.parts(replace(SETTINGS, payment_replace_blocks=50)))
+    snapshot = rig.evm.snapshot()
+    pipeline.settle_round()
+    mined_at = rig.evm.head()
+    stale = rig.proxy.capture_fork(from_block=mined_at)
+    # Given a reorg drops the payout's block, and the new branch is already deep...
+    rig.evm.revert(snapshot)
+    rig.evm.mine(DEPTH + 1)
+    assert rig.paid() == 0
+    # ...while receipts come from a node still on the old branch (a load-balanced RPC)
+    rig.proxy.serve_fork(stale, methods=("eth_getTransactionReceipt",))
+    for _ in range(3):
+        pipeline.settle_round()
+        rig.evm.mine()
+        # Then the stale receipt is not a payment: its block is not the canonical one
+        assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    # (the node had lost the transaction: it was sent again, the same one, and landed)
+    assert rig.paid() == 64_500_000
+    # And once receipts come from the canonical chain, it is credited, once
+    rig.proxy.serve_fork(None)
+    run_until_credited(rig, pipeline, deposit_id)
+    (deposit,) = [d for d in deposits_of(rig.db, rig.account) if d.id == deposit_id]
+    receipt = rig.evm.receipt(deposit.credit_tx_hash or "")
+    assert receipt["blockHash"] == bytes.fromhex(rig.evm.block_hash(receipt["blockNumber"])[2:])
+    assert rig.paid() == 64_500_000
+    assert rig.credited_events(deposit_id) == 1

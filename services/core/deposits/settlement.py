@@ -327,10 +327,12 @@ class EvmPayer:
 
         executor = self.executor
         head = executor.head()
+        settled_at = max(0, head - depth + 1)
         # The nonce first, receipts after: a transaction mined in between shows up in
-        # its receipt, so "nonce passed and no receipt" is never a race.
-        settled_nonce = executor.nonce(max(0, head - depth + 1))
+        # its receipt.
+        settled_nonce = executor.nonce(settled_at)
         mined = None
+        stale = False
         for tx_hash in hashes:
             receipt = executor.receipt(tx_hash)
             if receipt is None:
@@ -339,11 +341,20 @@ class EvmPayer:
             # dropped: only a receipt whose block is canonical counts.
             if executor.block_hash(receipt.block_number) != receipt.block_hash:
                 log.warning("receipt of %s is from a non-canonical block", tx_hash)
+                stale = True
                 continue
             mined = (tx_hash, receipt.status, receipt.block_number)
             break
+        nonce_used = False
+        if mined is None and settled_nonce > nonce and not stale:
+            # Proof, not inference: the canonical transaction that used the nonce.
+            user = executor.nonce_user(nonce, settled_at)
+            if user is not None and user not in hashes:
+                nonce_used = True
+            elif user is not None:
+                log.warning("payment %s is mined but its receipt is not served yet", user)
         known = mined is not None or executor.known(hashes[-1])
-        return Observation(head, mined, mined is None and settled_nonce > nonce, known)
+        return Observation(head, mined, nonce_used, known)
 
 
 # --- choosing routes, inventory, provider health --------------------------------------
