@@ -97,10 +97,14 @@ def node(evm: EvmChain) -> Iterator[EvmNode]:
         yield served
 
 
-def build_rig(evm: EvmChain, node_url: str, db: Database, tenant: TenantKeys) -> Iterator[Rig]:
+def build_rig(
+    evm: EvmChain, node_url: str, db: Database, tenant: TenantKeys, **chain_options: Any
+) -> Iterator[Rig]:
     token = evm.deploy_token("USDC", 6)
     chain_id = unique_chain_id()
-    registry = small_registry(chain_id=chain_id, depth=DEPTH, usdc=token, min_deposit_usd=1.0)
+    registry = small_registry(
+        chain_id=chain_id, depth=DEPTH, usdc=token, min_deposit_usd=1.0, **chain_options
+    )
     settlement = Settlement(registry, payers={chain_id: SimulatedPayer()})
     parts = deposit_parts(
         db,
@@ -228,6 +232,31 @@ def test_credited_transfer_re_mined_past_the_depth_is_never_a_second_deposit(
     (incident,) = incidents(pg_db, rig.chain_id)
     assert (incident.kind, incident.deposit_id) == ("deep_reorg", deposit.id)
     assert open_incidents_metric(pg_db, rig.chain_id) == 1
+
+
+def test_confirmed_at_the_nodes_finalized_block_not_at_the_depth(
+    evm: EvmChain, pg_db: Database, tenant: TenantKeys
+) -> None:
+    # Given a chain confirmed at the `finalized` tag, on a node finalizing 6 blocks deep
+    with EvmNode(evm, finalized_depth=6) as node:
+        for rig in build_rig(evm, node.url, pg_db, tenant, finality_tag="finalized"):
+            w = rig.watcher()
+            w.tick()
+            # When 9 USDC are the depth deep (3 blocks), then 6 deep (not yet finalized:
+            # the node's finalized block is the 6th under the head)
+            rig.send(9 * USDC)
+            rig.evm.mine(DEPTH)
+            tick(w, 2)
+            (deposit,) = deposits_of(pg_db, rig.account)
+            assert (deposit.status, deposit.confirmations) == (states.SOURCE_SEEN, DEPTH)
+            rig.evm.mine(3)
+            tick(w, 2)
+            assert deposits_of(pg_db, rig.account)[0].status == states.SOURCE_SEEN
+            # Then only the node's finalized block confirms it
+            rig.evm.mine()
+            tick(w, 2)
+            (deposit,) = deposits_of(pg_db, rig.account)
+            assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 7)
 
 
 def test_confirmed_unpaid_deposit_whose_block_leaves_the_chain_is_held_for_review(
