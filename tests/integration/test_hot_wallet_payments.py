@@ -490,3 +490,24 @@ def test_a_receipt_from_a_block_that_left_the_chain_is_not_taken_as_paid(rig: Ri
     assert receipt["blockHash"] == bytes.fromhex(rig.evm.block_hash(receipt["blockNumber"])[2:])
     assert rig.paid() == 64_500_000
     assert rig.credited_events(deposit_id) == 1
+
+
+def test_a_worker_dying_between_the_commit_and_the_broadcast_pays_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deposit_id = rig.deposit(35 * USDC)
+    dying = rig.parts()
+    # Given a worker stored the signed payment and died before broadcasting it
+    monkeypatch.setattr(EvmPayer, "broadcast", lambda self, raw: None)
+    dying.settling.settle(deposit_id)
+    monkeypatch.undo()
+    assert rig.status(deposit_id) == states.CREDIT_SUBMITTED
+    assert rig.paid() == 0 and rig.proxy.count("eth_sendRawTransaction") == 0
+    # When another worker (a new process: its own payer) takes over
+    run_until_credited(rig, rig.pipeline(rig.parts()), deposit_id)
+    # Then it sent the stored transaction, not a new one: one payment, one transfer
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert len(payment["tx_hashes"]) == 1
+    assert rig.proxy.count("eth_sendRawTransaction") == 1
+    assert rig.paid() == 34_500_000
+    assert rig.credited_events(deposit_id) == 1
