@@ -337,6 +337,35 @@ def test_vanished_transfer_fails_reorged_once_absent_for_the_depth(
     assert deposit_event_types(pg_db, deposit.id) == ["deposit.source_seen", "deposit.failed"]
 
 
+def test_a_vanished_transfer_fails_only_once_its_height_is_final(
+    evm: EvmChain, node: EvmNode, pg_db: Database, tenant: TenantKeys
+) -> None:
+    # Given a chain confirmed 6 deep (reorg_depth; the node offers no finalized tag), and
+    # 40 USDC seen in block N
+    for rig in build_rig(evm, node.url, pg_db, tenant, reorg_depth=6):
+        w = rig.watcher()
+        w.tick()
+        tx = rig.send(40 * USDC)
+        rig.evm.mine()
+        w.tick()
+        (seen,) = deposits_of(pg_db, rig.account)
+        # When a reorg drops it and the new branch is read for more than the depth of 3
+        # blocks without it (N is not final yet)
+        rig.evm.rewind(1)
+        for _ in range(DEPTH + 1):
+            rig.evm.mine()
+            w.tick()
+        # Then it is not failed: the transfer may still come back before N is final
+        assert deposits_of(pg_db, rig.account)[0].status == states.SOURCE_SEEN
+        # When it does, a block later, the same deposit follows it (never failed)
+        rig.evm.replay(tx)
+        rig.evm.mine(6)
+        tick(w, 2)
+        (deposit,) = deposits_of(pg_db, rig.account)
+        assert deposit.id == seen.id and deposit.status == states.SOURCE_CONFIRMED
+        assert failed_events(pg_db, rig.account.tenant_id) == 0
+
+
 def test_absence_is_counted_in_blocks_read_not_blocks_mined(rig: Rig, pg_db: Database) -> None:
     # Given 40 USDC seen in block N, and a logs backend two blocks behind the node
     w = rig.watcher()

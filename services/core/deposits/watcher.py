@@ -25,20 +25,21 @@ read again later, when:
   the logs backend had not seen.
 
 Reorgs. The hash of the last block of every range read is kept (a checkpoint; all of
-them above the finality cursor and 16 under it, then two per power-of-two distance),
-and the block under the first one ever read (so no reorg is deeper than every
-checkpoint, unless it goes below where watching began). When a checkpoint no longer
-matches the node, the fork point is found by comparing them all with the node's hashes
-(one batch), and both cursors go back to it. A node whose head is under blocks read
-before (a node behind, or a shorter new branch: they cannot be told apart yet) is
-waited out: nothing is read or judged until it has them again, when a replaced block
-shows as a changed checkpoint. A transfer found again on the new branch (same
-identity, see detection.py) moves its deposit; a pending deposit whose transfer has
-been absent from the canonical chain for `confirmations` blocks read fails `reorged`. A fork
-point under the finality cursor is a reorg deeper than the chain's finality: every
-confirmed or credited deposit whose block left the chain becomes a chain incident for
-ops (`chain_incidents`, and the `settle_chain_incidents_open` metric), and a confirmed
-one not being paid goes to manual review.
+them above the finality cursor and 16 under it, then two per power-of-two distance), and
+the block under the first one ever read (so no reorg is deeper than every checkpoint,
+unless it goes below where watching began). When a checkpoint no longer matches the
+node, the fork point is found by comparing them all with the node's hashes (one batch),
+and both cursors go back to it. A node whose head is under blocks read before (a node
+behind, or a shorter new branch: they cannot be told apart yet) is waited out: nothing
+is read or judged until it has them again, when a replaced block shows as a changed
+checkpoint. A transfer found again on the new branch (same identity, see detection.py)
+moves its deposit; a pending deposit whose transfer has been absent from the canonical
+chain for `confirmations` blocks read, and whose height was read again at finality
+without it, fails `reorged`. A fork point under the finality cursor is a reorg deeper
+than the chain's finality: every confirmed or credited deposit whose block left the
+chain becomes a chain incident for ops (`chain_incidents`, and the
+`settle_chain_incidents_open` metric), and a confirmed one not being paid goes to manual
+review.
 """
 
 from __future__ import annotations
@@ -492,11 +493,18 @@ class ChainWatcher:
             if number is None or number not in canonical:
                 continue  # past the node's head: judge nothing yet
             if canonical[number] != deposit.block_hash:
-                # Its block was replaced and read again without it. Gone for the depth
-                # (the new branch has been read for that many blocks from its height, not
-                # merely mined: a block not read yet may hold the transfer): it vanished.
+                # Its block was replaced and read again without it. Gone once the new
+                # branch has been read for the depth from its height (read, not merely
+                # mined: a block not read yet may hold the transfer) and its height is
+                # final and was read there without it (until then the transfer may come
+                # back: a false deposit.failed for money that then arrives is what this
+                # avoids). Then it vanished.
                 absent = next_block - number
-                if absent >= self.chain.confirmations and deposit.block_hash is not None:
+                if (
+                    absent >= self.chain.confirmations
+                    and number < at.confirmed_block
+                    and deposit.block_hash is not None
+                ):
                     result.reorged += (
                         self.detection.vanish(deposit.id, deposit.block_hash) is not None
                     )
