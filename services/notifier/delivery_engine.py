@@ -144,6 +144,7 @@ def build_engine(
             config.per_endpoint_concurrency,
             share_of(config.worker_threads, config.tenant_share),
             threads=config.worker_threads,
+            alone_after_s=config.webhook_timeout_s,
         ),
         breakers=CircuitBreakers(
             threshold=config.breaker_threshold,

@@ -7,7 +7,8 @@ else. An attempt over either limit is put back (see actors.Deliverer) rather tha
 waited for.
 
 The tenant share is work-conserving: while no other tenant has an attempt in flight
-here, a tenant may use every thread but a small reserve, so a worker serving one
+here, nor started one within the last attempt deadline, a tenant may use every thread
+but a small reserve, so a worker serving one
 busy tenant runs at full speed (a fixed share halved a lone tenant's throughput and
 put its deliveries back for nothing). The reserve is what another tenant finds free
 the moment it shows up; from then on each tenant is held to its share again.
@@ -35,7 +36,13 @@ class EndpointLimiter:
     """At most `limit` attempts at once per endpoint and `tenant_limit` per tenant here."""
 
     def __init__(
-        self, limit: int, tenant_limit: int | None = None, *, threads: int | None = None
+        self,
+        limit: int,
+        tenant_limit: int | None = None,
+        *,
+        threads: int | None = None,
+        alone_after_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tenant_limit = max(1, tenant_limit if tenant_limit is not None else 1 << 30)
         self.limit = max(1, limit)
@@ -45,8 +52,15 @@ class EndpointLimiter:
             if threads is not None
             else self.tenant_limit
         )
+        #: A tenant counts as alone only when no other started an attempt for this long
+        #: (one attempt deadline): a bursty tenant between bursts keeps the others capped.
+        self.alone_after_s = alone_after_s
+        self._clock = clock
         self._busy: dict[str, int] = {}
         self._tenants: dict[str, int] = {}
+        #: The last two distinct tenants to start an attempt, and when: (tenant, time).
+        self._latest: tuple[str, float] = ("", float("-inf"))
+        self._before: tuple[str, float] = ("", float("-inf"))
         self._lock = threading.Lock()
 
     def try_acquire(self, endpoint_id: str, tenant_id: str = "") -> bool:
@@ -58,12 +72,21 @@ class EndpointLimiter:
                 return False
             self._busy[endpoint_id] = busy + 1
             self._tenants[tenant_id] = tenant + 1
+            now = self._clock()
+            if self._latest[0] != tenant_id:
+                self._before = self._latest
+            self._latest = (tenant_id, now)
             return True
 
     def _tenant_cap(self, tenant_id: str) -> int:
-        """The tenant's share, or more while it is the only tenant with attempts here."""
-        alone = not self._tenants or (len(self._tenants) == 1 and tenant_id in self._tenants)
-        return self.alone_limit if alone else self.tenant_limit
+        """The tenant's share, or more while no other tenant has attempts here, nor had lately."""
+        others_busy = len(self._tenants) > (1 if tenant_id in self._tenants else 0)
+        if others_busy:
+            return self.tenant_limit
+        other_last = self._before[1] if self._latest[0] == tenant_id else self._latest[1]
+        if self._clock() - other_last < self.alone_after_s:
+            return self.tenant_limit
+        return self.alone_limit
 
     def is_full(self, endpoint_id: str, tenant_id: str) -> bool:
         """Would `try_acquire` refuse now? (A hint, read without the lock: no slot taken.)"""

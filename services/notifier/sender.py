@@ -37,6 +37,9 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 RESPONSE_PREFIX_BYTES = 4096
 #: The watchdog's thread exits after this long with nothing to watch.
 IDLE_EXIT_S = 5.0
+#: Kept-alive connections a worker keeps idle at most, in all, and for how long each.
+IDLE_CONNECTIONS = 256
+IDLE_CONNECTION_S = 30.0
 #: Sent on every delivery so receivers can tell our requests apart.
 USER_AGENT = "Settle-Webhooks/1"
 #: Headers of every request, before the delivery's own (built once, not per request).
@@ -406,38 +409,92 @@ class _Connection:
 
 
 class _Pool:
-    """Idle connections per origin (most recently used first), for every worker thread."""
+    """Idle connections per origin (most recently used last), for every worker thread.
 
-    def __init__(self, *, per_origin: int, origins: int) -> None:
+    Bounded three ways, so that receivers (or one tenant's many host names) cannot make
+    a worker hoard descriptors: at most `per_origin` per origin, `total` in all (the
+    least recently used origin's go first), and none idle longer than `idle_s` (most
+    receivers close sooner anyway; a kept connection is also checked before reuse).
+    """
+
+    def __init__(
+        self,
+        *,
+        per_origin: int,
+        total: int,
+        idle_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._per_origin = per_origin
-        self._origins = origins
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._total = total
+        self._idle_s = idle_s
+        self._clock = clock
+        #: origin -> [(returned at, connection)], oldest first; origins in LRU order.
+        self._idle: dict[_Origin, list[tuple[float, _Connection]]] = {}
+        self._count = 0
+        self._next_sweep = 0.0
         self._lock = threading.Lock()
 
     def take(self, origin: _Origin) -> _Connection | None:
         while True:
+            stale: list[_Connection] = []
             with self._lock:
+                stale = self._expire(self._clock())
                 idle = self._idle.get(origin)
-                conn = idle.pop() if idle else None
+                conn = idle.pop()[1] if idle else None
+                if conn is not None:
+                    self._count -= 1
+                    if not idle:
+                        del self._idle[origin]
+            for old in stale:
+                old.close()
             if conn is None or conn.reusable():
                 return conn
             conn.close()
 
     def give(self, origin: _Origin, conn: _Connection) -> None:
-        dropped: list[_Connection] = []
+        now = self._clock()
         with self._lock:
-            idle = self._idle.pop(origin, None)
-            if idle is None:
-                idle = []
-                if len(self._idle) >= self._origins:  # forget the least recently used origin
-                    dropped.extend(self._idle.pop(next(iter(self._idle))))
-            self._idle[origin] = idle  # re-inserted: dicts keep insertion order (LRU)
-            if len(idle) < self._per_origin:
-                idle.append(conn)
-            else:
-                dropped.append(conn)
+            dropped = self._expire(now)
+            idle = self._idle.pop(origin, [])
+            self._idle[origin] = idle  # re-inserted last: the most recently used origin
+            idle.append((now, conn))
+            self._count += 1
+            while len(idle) > self._per_origin:
+                dropped.append(idle.pop(0)[1])
+                self._count -= 1
+            while self._count > self._total:
+                oldest_origin = next(iter(self._idle))
+                victims = self._idle[oldest_origin]
+                dropped.append(victims.pop(0)[1])
+                self._count -= 1
+                if not victims:
+                    del self._idle[oldest_origin]
         for extra in dropped:
             extra.close()
+
+    def idle_count(self) -> int:
+        with self._lock:
+            return self._count
+
+    def _expire(self, now: float) -> list[_Connection]:
+        """Take out every connection idle longer than `idle_s` (the caller closes them).
+
+        At most once a second: a sweep walks every origin, and runs under the lock.
+        """
+        expired: list[_Connection] = []
+        if now < self._next_sweep:
+            return expired
+        self._next_sweep = now + 1.0
+        limit = now - self._idle_s
+        for origin in list(self._idle):
+            idle = self._idle[origin]
+            while idle and idle[0][0] < limit:
+                expired.append(idle.pop(0)[1])
+                self._count -= 1
+            if not idle:
+                del self._idle[origin]
+        return expired
 
 
 def _split(url: str) -> tuple[_Origin, str]:
@@ -529,7 +586,9 @@ class Sender:
         self.allow_private = allow_private
         self._watchdog = Watchdog()
         self._policy = _ConnectPolicy(Resolver(resolver), vet=not allow_private)
-        self._pool = _Pool(per_origin=pool_per_host, origins=256)
+        self._pool = _Pool(
+            per_origin=pool_per_host, total=IDLE_CONNECTIONS, idle_s=IDLE_CONNECTION_S
+        )
         # The system's trust store; tests pass a context trusting their own CA.
         self._tls = tls or ssl.create_default_context()
 

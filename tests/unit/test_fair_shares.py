@@ -48,6 +48,23 @@ def test_a_tenant_alone_may_use_all_but_a_reserve_until_another_shows_up() -> No
     assert limiter.try_acquire("ep", "busy")
 
 
+def test_a_tenant_between_bursts_keeps_the_others_at_their_share_for_a_deadline() -> None:
+    # Given 16 threads and a 10 s attempt deadline
+    now = [0.0]
+    limiter = EndpointLimiter(
+        16, share_of(16, 0.5), threads=16, alone_after_s=10.0, clock=lambda: now[0]
+    )
+    # When a healthy tenant sends one delivery, which ends at once
+    assert limiter.try_acquire("fine", "healthy")
+    limiter.release("fine", "healthy")
+    # Then for the next 10 s a hanging tenant still gets only its share (8)
+    now[0] = 5.0
+    assert sum(limiter.try_acquire("hang", "hostile") for _ in range(16)) == 8
+    # And once the healthy tenant has been quiet for a deadline, all but the reserve
+    now[0] = 10.5
+    assert sum(limiter.try_acquire("hang", "hostile") for _ in range(16)) == 6
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0

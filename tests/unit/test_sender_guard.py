@@ -149,3 +149,34 @@ def test_retry_after_http_date() -> None:
     now = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
     assert parse_retry_after("Thu, 01 Jan 2026 00:01:30 GMT", now) == 90.0
     assert parse_retry_after("Wed, 31 Dec 2025 23:00:00 GMT", now) == 0.0
+
+
+class _FakeConn:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def reusable(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_pool_of_kept_connections_is_bounded_in_count_and_age() -> None:
+    now = [1000.0]
+    pool = sender_module._Pool(per_origin=2, total=3, idle_s=30.0, clock=lambda: now[0])
+    origins = [sender_module._Origin(True, f"h{i}.example.com", 443) for i in range(3)]
+    conns = [_FakeConn() for _ in range(5)]
+    # Per origin: a third connection to one origin is closed, not kept
+    for conn in conns[:3]:
+        pool.give(origins[0], conn)  # type: ignore[arg-type]
+    assert pool.idle_count() == 2 and conns[0].closed
+    # In all: the least recently used origin's connections go first
+    pool.give(origins[1], conns[3])  # type: ignore[arg-type]
+    pool.give(origins[2], conns[4])  # type: ignore[arg-type]
+    assert pool.idle_count() == 3 and conns[1].closed and not conns[2].closed
+    assert pool.take(origins[1]) is conns[3]
+    # By age: after 30 s idle, nothing is handed out and everything is closed
+    now[0] += 31.0
+    assert pool.take(origins[0]) is None
+    assert pool.idle_count() == 0 and conns[2].closed and conns[4].closed
