@@ -420,12 +420,26 @@ def get_account(
 
 
 def list_accounts(
-    session: Session, registry: ChainRegistry, tenant_id: str, *, limit: int, cursor: str | None
+    session: Session,
+    registry: ChainRegistry,
+    tenant_id: str,
+    *,
+    limit: int,
+    cursor: str | None,
+    deposit_address: str | None = None,
 ) -> Page[dict[str, Any]]:
-    """Newest first, keyset on pk: pages neither skip nor repeat while accounts are added."""
-    page = keyset_page(
-        session, _account_query(tenant_id), DepositAccount.pk, limit=limit, cursor=cursor
-    )
+    """Newest first, keyset on pk: pages neither skip nor repeat while accounts are added.
+
+    `deposit_address` (EIP-55, as stored): only the account owning it, through the
+    addresses' unique index; another tenant's address finds nothing.
+    """
+    query = _account_query(tenant_id)
+    if deposit_address is not None:
+        owner = sa.select(DepositAddress.account_pk).where(
+            DepositAddress.address == deposit_address
+        )
+        query = query.where(DepositAccount.pk.in_(owner))
+    page = keyset_page(session, query, DepositAccount.pk, limit=limit, cursor=cursor)
     return Page([account_document(a, registry) for a in page.items], page.next_cursor)
 
 

@@ -371,6 +371,27 @@ def test_change_an_accounts_destination(page: Any, portal: Portal) -> None:
     assert account["destination"]["tokenAddress"] == tokens[0]
 
 
+def test_find_an_account_by_a_deposit_address_in_any_case(page: Any, portal: Portal) -> None:
+    user = f"find-{uuid.uuid4().hex[:8]}"
+    account = portal.call(
+        "POST", "/v1/deposit-accounts", {"externalUserId": user, "destination": DESTINATION}
+    )["depositAccount"]
+    address = account["depositAddresses"][-1]["address"]
+    sign_in(page, portal, "viewer")
+    page.goto("/portal/#/accounts")
+    # When support pastes the address as a block explorer shows it (lower case)
+    search = page.get_by_role("form", name="Find an account")
+    search.get_by_label("External user id or deposit address").fill(address.lower())
+    search.get_by_role("button", name="Open account").click()
+    # Then the account that owns it opens
+    page.get_by_role("heading", name=f"Account {user}").wait_for()
+    # And an address nobody of this tenant owns says so, in place
+    page.goto("/portal/#/accounts")
+    search.get_by_label("External user id or deposit address").fill("0x" + "1" * 40)
+    search.get_by_role("button", name="Open account").click()
+    page.get_by_role("alert").filter(has_text="No account has the deposit address").wait_for()
+
+
 # -- deliveries ---------------------------------------------------------------------
 
 

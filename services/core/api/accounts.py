@@ -20,7 +20,7 @@ from services.core.api.schemas import (
 )
 from services.core.context import core
 from services.core.models import IdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, ListArgs, Schema
+from shared.api import Address, Blueprint, ErrorSchema, ListArgs, Schema
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
@@ -61,14 +61,23 @@ def _error(status: int) -> Any:
     return blp.alt_response(status, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[status])
 
 
+class AccountListArgs(ListArgs):
+    deposit_address = Address(
+        metadata={
+            "description": "Only the account owning this deposit address (any case): a list "
+            "of at most one."
+        }
+    )
+
+
 @blp.route("/deposit-accounts")
 class DepositAccounts(MethodView):
     @auth.requires(blp, "deposit_accounts:read")
-    @blp.arguments(ListArgs, location="query")
+    @blp.arguments(AccountListArgs, location="query")
     @blp.response(200, AccountListSchema)
     @_error(400)
     def get(self, args: dict[str, Any]) -> Response:
-        """List the tenant's deposit accounts, newest first."""
+        """List the tenant's deposit accounts, newest first (or find one by an address)."""
         ctx = core()
         with ctx.db.reader() as session:
             page = accounts.list_accounts(
@@ -77,6 +86,7 @@ class DepositAccounts(MethodView):
                 auth.current_principal().tenant_id,
                 limit=args["limit"],
                 cursor=args["cursor"],
+                deposit_address=args.get("deposit_address"),
             )
         return json_response({"depositAccounts": page.items, "nextCursor": page.next_cursor})
 

@@ -32,16 +32,19 @@ export async function render(root, route) {
 async function renderList(root, params) {
   listState.cursor = params.get("cursor");
   if (!listState.cursor) listState.stack = [];
-  const user = input({ name: "externalUserId" });
+  const user = input({ name: "externalUserId", spellcheck: false });
   const find = form(
     "Find an account",
-    field("External user id", user, "The tenant's own id of the user, exactly."),
+    field(
+      "External user id or deposit address",
+      user,
+      "The tenant's own id of the user, exactly, or one of its deposit addresses (any case).",
+    ),
     "Open account",
     async () => {
-      const id = user.value.trim();
-      if (!id) throw new Error("Type an external user id.");
-      await api("GET", `/v1/deposit-accounts/${enc(id)}`);
-      go(`/accounts/${enc(id)}`);
+      const text = user.value.trim();
+      if (!text) throw new Error("Type an external user id or a deposit address.");
+      go(`/accounts/${enc(await findAccount(text))}`);
     },
   );
   const chains = await chainList();
@@ -60,6 +63,19 @@ async function renderList(root, params) {
     ], body.depositAccounts, { empty: "No accounts yet." }),
     pager(listState, body.nextCursor, (cursor) => go("/accounts", { cursor, limit: params.get("limit") })),
   );
+}
+
+/** The externalUserId of the account `text` names: its own id first, else its address. */
+async function findAccount(text) {
+  try {
+    const { depositAccount } = await api("GET", `/v1/deposit-accounts/${enc(text)}`);
+    return depositAccount.externalUserId;
+  } catch (err) {
+    if (!/^0x[0-9a-fA-F]{40}$/.test(text)) throw err;
+  }
+  const { depositAccounts } = await api("GET", "/v1/deposit-accounts" + query({ depositAddress: text }));
+  if (!depositAccounts.length) throw new Error(`No account has the deposit address ${text}.`);
+  return depositAccounts[0].externalUserId;
 }
 
 /** Fields of a destination, the token offered from the chain's assets. */
