@@ -162,6 +162,11 @@ class Store(Protocol):
         """Take back one counted attempt from each counter (it did not fail)."""
         ...
 
+    def failed_now(self, keys: Sequence[str]) -> None:
+        """The counted attempt failed just now: waits count from now, not from its start
+        (a password check can take a while on a loaded machine)."""
+        ...
+
     def forget(self, keys: Sequence[str]) -> None:
         """Drop these counters and marks."""
         ...
@@ -254,6 +259,14 @@ class MemoryStore:
                     del self._failures[key]
                 else:
                     self._failures[key] = (found[0] - 1, found[1], found[2])
+
+    def failed_now(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            now = self._clock()
+            for key in keys:
+                found = self._failures.get(key)
+                if found is not None:
+                    self._failures[key] = (found[0], max(found[1], now), found[2])
 
     def forget(self, keys: Sequence[str]) -> None:
         with self._lock:
@@ -375,6 +388,17 @@ return 0
 """
 
 
+#: Store.failed_now: the last failure of each counter in KEYS that exists is now.
+_FAILED_NOW = """
+local t = redis.call('TIME')
+local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, 't', now) end
+end
+return 0
+"""
+
+
 def lease_size(burst: int) -> int:
     """Tokens a process takes from Redis at once for a bucket of this burst.
 
@@ -425,6 +449,7 @@ class RedisStore:
         self._script = self._redis.register_script(_GCRA)
         self._charge = self._redis.register_script(_CHARGE)
         self._refund = self._redis.register_script(_REFUND)
+        self._failed_now = self._redis.register_script(_FAILED_NOW)
         self._fallback = fallback or MemoryStore()
         self._prefix = prefix
         self._retry_s = retry_s
@@ -482,6 +507,10 @@ class RedisStore:
 
     def refund(self, keys: Sequence[str]) -> None:
         self._run(lambda: self._refund(keys=[self._prefix + k for k in keys]), "refund", keys)
+
+    def failed_now(self, keys: Sequence[str]) -> None:
+        call = lambda: self._failed_now(keys=[self._prefix + k for k in keys])  # noqa: E731
+        self._run(call, "failed_now", keys)
 
     def forget(self, keys: Sequence[str]) -> None:
         self._run(lambda: self._redis.delete(*[self._prefix + k for k in keys]), "forget", keys)

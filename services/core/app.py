@@ -67,7 +67,9 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     # Prometheus text on /metrics (not in the OpenAPI document; the ingress hides it).
     from services.core.relay import api_metrics_registry
 
-    app.register_blueprint(metrics_blueprint(api_metrics_registry(context.db)))
+    registry = api_metrics_registry(context.db)
+    app.register_blueprint(metrics_blueprint(registry))
     ratelimit.install(app, context.config.rate_limits)
-    signin_guard.install(app, context.config.signin, ratelimit.store(app))
+    guard = signin_guard.install(app, context.config.signin, ratelimit.store(app))
+    registry.register(signin_guard.SignInCollector(guard))
     return app

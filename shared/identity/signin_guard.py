@@ -24,7 +24,8 @@ out of their usual place, and elsewhere a member waits at most a minute per try.
 Unknown emails are counted like known ones (no enumeration).
 
 Each attempt is charged before its password is checked, atomically, so a parallel
-burst gets no more tries than a sequential one; a success gives the charge back,
+burst gets no more tries than a sequential one; a failure restarts the wait when it is
+known (a check can take a while under load); a success gives the charge back,
 clears its pair and marks its address known. A refused attempt checks no password.
 
 **A bound on hashing**: at most `concurrency` password checks run at once per process
@@ -44,11 +45,14 @@ import hashlib
 import ipaddress
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from flask import Flask, current_app
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from shared.errors import RateLimited, ServiceUnavailable, Unauthorized
 from shared.ratelimit import Store, Throttle
@@ -58,6 +62,8 @@ T = TypeVar("T")
 
 #: app.extensions key of the app's SignInGuard.
 EXTENSION = "settle.signin_guard"
+#: What became of a sign-in attempt (the metric's `result` label).
+OUTCOMES = ("succeeded", "failed", "throttled", "busy")
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,17 @@ class SignInGuard:
         self.limits = limits
         self._store = store
         self._hashing = threading.BoundedSemaphore(limits.concurrency)
+        self._outcomes: Counter[str] = Counter()
+        self._outcomes_lock = threading.Lock()
+
+    def outcomes(self) -> dict[str, int]:
+        """How many attempts ended each way in this process (OUTCOMES)."""
+        with self._outcomes_lock:
+            return {name: self._outcomes[name] for name in OUTCOMES}
+
+    def _count(self, outcome: str) -> None:
+        with self._outcomes_lock:
+            self._outcomes[outcome] += 1
 
     def throttles(self, email: str, client: str) -> list[Throttle]:
         """The counters an attempt at `email` from `client` is charged to."""
@@ -158,6 +175,7 @@ class SignInGuard:
         if throttles:
             charge = self._store.charge(throttles)
             if not charge.allowed:
+                self._count("throttled")
                 wait = max(1, math.ceil(charge.wait_s))
                 raise RateLimited(
                     f"too many failed sign-ins; retry in {wait} s",
@@ -165,6 +183,7 @@ class SignInGuard:
                 )
             charged = charge.charged
         if not self._hashing.acquire(blocking=False):
+            self._count("busy")
             self._store.refund(charged)
             raise ServiceUnavailable(
                 "too many sign-ins at once; retry in 1 s", headers={"Retry-After": "1"}
@@ -172,12 +191,15 @@ class SignInGuard:
         try:
             result = check()
         except Unauthorized:
-            raise  # a failure: it stays counted
+            self._count("failed")
+            self._store.failed_now(charged)  # it stays counted; the wait starts now
+            raise
         except BaseException:
             self._store.refund(charged)  # not the client's failure (a database error)
             raise
         finally:
             self._hashing.release()
+        self._count("succeeded")
         if throttles:
             self._succeeded(throttles, charged)
         return result
@@ -191,6 +213,24 @@ class SignInGuard:
         known = throttles[2].unless
         assert known is not None
         self._store.remember(known, self.limits.known_for_s)
+
+
+class SignInCollector(Collector):
+    """`settle_signin_attempts_total{result}`: this process's sign-ins by outcome."""
+
+    def __init__(self, guard: SignInGuard) -> None:
+        self._guard = guard
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "settle_signin_attempts",
+            "Sign-in attempts by result: succeeded, failed (wrong credentials), "
+            "throttled (429, no password checked), busy (503, no password checked).",
+            labels=["result"],
+        )
+        for name, count in self._guard.outcomes().items():
+            family.add_metric([name], count)
+        yield family
 
 
 def install(app: Flask, limits: SignInLimits, store: Store) -> SignInGuard:

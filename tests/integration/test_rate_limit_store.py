@@ -287,3 +287,13 @@ def test_sign_in_counters_fall_back_to_this_process_while_redis_is_down(prefix: 
     store.remember("m", 1.0)
     store.forget(["signin:client:y"])
     assert time.monotonic() - started < 2 * REDIS_TIMEOUT_S + 0.5
+
+
+def test_a_wait_counts_from_the_failure_in_redis_too(prefix: str) -> None:
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    t = _throttle("signin:pair:slow", free=1)
+    assert store.charge([t]).allowed
+    time.sleep(0.6)  # a slow password check
+    store.failed_now(["signin:pair:slow", "signin:pair:never"])
+    assert 0.9 < store.charge([t]).wait_s <= 1.0
+    assert not redis.Redis.from_url(REDIS_URL).exists(prefix + "signin:pair:never")

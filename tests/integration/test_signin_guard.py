@@ -9,6 +9,7 @@ open, unthrottled argon2 oracle (8 parallel wrong logins took GET /v1/chains fro
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -254,3 +255,18 @@ def test_two_api_processes_on_one_redis_count_failures_once(
         for key in client.scan_iter(f"{prefix}*"):
             client.delete(key)
         client.close()
+
+
+def test_metrics_count_each_outcome(app: Flask, members: Callable[[], str]) -> None:
+    email, address = members(), "198.51.100.71"
+    # Given one success, six failures and one attempt made to wait
+    assert sign_in(app, email, PASSWORD, address).status_code == 200
+    for _ in range(5):
+        assert sign_in(app, email, WRONG, address).status_code == 401
+    retry_after(sign_in(app, email, WRONG, address))
+    # Then /metrics counts them by result (ops see a flood as it happens)
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    found = dict(
+        re.findall(r'^settle_signin_attempts_total\{result="(\w+)"\} ([0-9.]+)$', text, re.M)
+    )
+    assert found == {"succeeded": "1.0", "failed": "5.0", "throttled": "1.0", "busy": "0.0"}

@@ -189,3 +189,15 @@ def test_the_counters_kept_in_memory_are_bounded() -> None:
     # Then it keeps at most its bound, the most recent failures first
     assert store.counters() <= 100
     assert not store.charge([throttle("signin:client:999", free=1)]).allowed
+
+
+def test_a_wait_counts_from_when_the_failure_was_known() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    t = throttle(free=1)
+    # Given a first attempt charged, whose password check then takes 3 s and fails
+    assert store.charge([t]).allowed
+    clock.now += 3.0
+    store.failed_now(["k"])
+    # Then the next attempt waits the full second from the failure, not from the start
+    assert store.charge([t]).wait_s == 1.0
