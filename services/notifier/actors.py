@@ -32,7 +32,7 @@ from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
 from services.notifier.delivery_store import DISABLED_FAILING, Claim, Connection, DeliveryStore
 from services.notifier.fanout import ENDPOINT_DISABLED
-from services.notifier.limiter import EndpointLimiter, EndpointRates
+from services.notifier.limiter import EndpointLimiter, EndpointRates, WaitingRoom
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import ENABLED, FAILED, RETRYING, SKIPPED, SUCCEEDED, Endpoint
 from services.notifier.retry_policy import DeliveryTuning, retry_delay, saturated_delay
@@ -139,6 +139,7 @@ class Deliverer:
         self.metrics = metrics
         self.limiter = limiter
         self.rates = EndpointRates()
+        self.waiting = WaitingRoom()
         self.breakers = breakers
         self.tuning = tuning
         # The lease outlasts the attempt's deadline (DeliveryTuning checks the margin).
@@ -177,6 +178,8 @@ class Deliverer:
         if wait_s > 0:
             delay = wait_s * random.uniform(1.0, 1.2)
         elif self.limiter.is_full(endpoint_id, tenant_id):
+            if self._park(delivery_id, endpoint_id, tenant_id, bounces):
+                return True
             delay = saturated_delay(bounces, self.tuning)
         else:
             return False
@@ -206,22 +209,54 @@ class Deliverer:
             return self._attempt(conn, claim)
         finally:
             self.limiter.release(claim.endpoint_id, claim.tenant_id)
+            self._wake(claim.tenant_id)
+
+    def _park(self, delivery_id: str, endpoint_id: str, tenant_id: str, bounces: int) -> bool:
+        """Wait in this process for a slot of the tenant (see limiter.WaitingRoom)."""
+        if not self.waiting.park(tenant_id, endpoint_id, delivery_id, bounces):
+            return False
+        self.metrics.saturated.inc()
+        # A slot may have freed between the check and the park: look once more.
+        if not self.limiter.is_full(endpoint_id, tenant_id):
+            self._wake(tenant_id)
+        return True
+
+    def _wake(self, tenant_id: str) -> None:
+        """A slot of the tenant is free: send on the next delivery waiting for one."""
+        entry = self.waiting.next_for(
+            tenant_id, lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)
+        )
+        if entry is None:
+            return
+        delivery_id, endpoint_id, bounces = entry
+        try:
+            self.dispatch.schedule(
+                delivery_id, 0.0, bounces=bounces, route=(endpoint_id, tenant_id)
+            )
+        except Exception:
+            log.exception("could not send on %s; the sweeper will", delivery_id)
 
     def _put_back(self, conn: Connection, claim: Claim, bounces: int) -> None:
-        """The endpoint has every slot busy here: let go and try again a little later.
+        """The endpoint or its tenant has every slot busy here: let go, wait for a slot.
 
-        The row is kept truthful (lease released, due later), so neither the sweeper
-        nor a stale message races the delayed message.
+        The row is kept truthful (lease released). The job waits in this process's
+        waiting room, sent on as soon as a slot of the tenant frees up (the row is due
+        now: if this process dies, the sweeper sends it); when the room is full, it
+        comes back after a growing delay instead (the row due then).
         """
+        bounces = min(bounces + 1, MAX_BOUNCES)
+        route = (claim.endpoint_id, claim.tenant_id)
+        if len(self.waiting) < self.waiting.max_waiting:
+            self.store.put_back(conn, claim, utcnow())
+            if self._park(claim.delivery_id, claim.endpoint_id, claim.tenant_id, bounces):
+                return
+            delay = saturated_delay(bounces, self.tuning)  # the room filled up meanwhile
+            self.dispatch.schedule(claim.delivery_id, delay, bounces=bounces, route=route)
+            return
         delay = saturated_delay(bounces, self.tuning)
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.saturated.inc()
-        self.dispatch.schedule(
-            claim.delivery_id,
-            delay,
-            bounces=min(bounces + 1, MAX_BOUNCES),
-            route=(claim.endpoint_id, claim.tenant_id),
-        )
+        self.dispatch.schedule(claim.delivery_id, delay, bounces=bounces, route=route)
 
     def _hold(self, conn: Connection, claim: Claim, wait_s: float) -> None:
         """The endpoint's breaker is open: no attempt; due again when it may probe."""

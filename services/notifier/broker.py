@@ -16,6 +16,7 @@ the workers declare the actors that run them (actors.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import dramatiq
@@ -78,15 +79,21 @@ class DeliveryQueues:
         for queue in (self.queue, self.retry_queue):
             broker.declare_queue(queue)
 
-    def enqueue(self, delivery_ids: list[str]) -> None:
-        """First attempts (and sweeper re-sends): due now."""
+    def enqueue(
+        self, delivery_ids: list[str], routes: Mapping[str, tuple[str, str]] | None = None
+    ) -> None:
+        """First attempts (and sweeper re-sends): due now. `routes` (id -> (endpoint id,
+        tenant id)) ride along where known, so a worker can hold a delivery of a busy
+        tenant without a claim."""
+        routes = routes or {}
         for delivery_id in delivery_ids:
+            route = routes.get(delivery_id)
             self.broker.enqueue(
                 dramatiq.Message(
                     queue_name=self.queue,
                     actor_name=self.actor_name,
                     args=(delivery_id,),
-                    kwargs={},
+                    kwargs={"route": list(route)} if route else {},
                     options={},
                 )
             )

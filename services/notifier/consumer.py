@@ -61,6 +61,8 @@ class Handled:
 
     delivery_ids: list[str] = field(default_factory=list)
     malformed: str | None = None
+    #: (endpoint id, tenant id) of each new delivery, for the job messages.
+    routes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def store_events(
@@ -128,6 +130,7 @@ def store_events(
                         continue
                     made.append(fanout.pending(tenant_id, event_id, event_type, endpoint_id, now))
                     results[index].delivery_ids.append(made[-1]["id"])
+                    results[index].routes[made[-1]["id"]] = (endpoint_id, tenant_id)
                 labels.append("stored")
             fanout.insert_deliveries(db, conn, made)
     labels.extend("duplicate" for _ in repeats)
@@ -166,7 +169,7 @@ def handle_event(
     (handled,) = store_events(ctx.db, [body], metrics, request_ids=[logs.request_id()])
     if handled.malformed is not None:
         raise MalformedEvent(handled.malformed)
-    ctx.hand_off(handled.delivery_ids)
+    ctx.hand_off(handled.delivery_ids, handled.routes)
     return handled.delivery_ids
 
 
@@ -290,6 +293,7 @@ class EventConsumer:
             return
         self.db_backoff.reset()
         ids: list[str] = []
+        routes: dict[str, tuple[str, str]] = {}
         for (method, body, _), handled in zip(batch, results, strict=True):
             if handled.malformed is not None:
                 log.error(
@@ -299,7 +303,8 @@ class EventConsumer:
                 )
                 channel.basic_reject(method.delivery_tag, requeue=False)
             ids.extend(i for i in handled.delivery_ids if i not in ids)
-        ctx.hand_off(ids)
+            routes.update(handled.routes)
+        ctx.hand_off(ids, routes)
         acked = [m for (m, _, _), h in zip(batch, results, strict=True) if h.malformed is None]
         if acked:
             channel.basic_ack(acked[-1].delivery_tag, multiple=True)

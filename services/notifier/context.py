@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flask import current_app
@@ -20,10 +20,13 @@ EXTENSION = "settle.notifier"
 DEFAULT_MAX_ENDPOINTS = 20
 
 #: Hands committed delivery ids to the delivery engine (Dramatiq messages).
-Enqueue = Callable[[list[str]], None]
+#: Hands delivery ids to the engine; `routes` (id -> (endpoint id, tenant id)), when
+#: given, ride along so a worker can hold a delivery of a busy tenant without a claim.
+Enqueue = Callable[..., None]
+Routes = Mapping[str, tuple[str, str]]
 
 
-def _engine_not_wired(delivery_ids: list[str]) -> None:
+def _engine_not_wired(delivery_ids: list[str], routes: Routes | None = None) -> None:
     # Nothing is lost: the sweeper sends every due delivery, just later.
     log.warning(
         "no delivery engine wired into this process; %d deliveries wait for the sweeper",
@@ -67,12 +70,15 @@ class NotifierContext:
             max_endpoints_per_tenant=config.max_endpoints_per_tenant,
         )
 
-    def hand_off(self, delivery_ids: Sequence[str]) -> None:
+    def hand_off(self, delivery_ids: Sequence[str], routes: Routes | None = None) -> None:
         """Give committed deliveries to the engine; a failure only delays them (sweeper)."""
         if not delivery_ids:
             return
         try:
-            self.enqueue(list(delivery_ids))
+            if routes:
+                self.enqueue(list(delivery_ids), routes)
+            else:
+                self.enqueue(list(delivery_ids))
         except Exception:
             log.exception(
                 "enqueue of %d deliveries failed; the sweeper will send them", len(delivery_ids)

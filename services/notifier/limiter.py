@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 
@@ -142,3 +143,56 @@ class EndpointRates:
                 # Forget endpoints whose token is back (bounded memory).
                 self._next = {k: v for k, v in self._next.items() if v > now}
             return 0.0
+
+
+class WaitingRoom:
+    """Deliveries put back for want of a slot here, waiting by tenant for one to free up.
+
+    A put-back delivery is due again at once in the database, but its job waits here
+    (in memory) instead of bouncing through the broker every few seconds: when an
+    attempt of its tenant ends, the next waiting delivery whose endpoint has a free
+    slot is sent on. Losing this memory (a restart) loses nothing: the rows are due,
+    and the sweeper sends them.
+    """
+
+    #: How far into a tenant's queue a freed slot looks for an endpoint that can go.
+    SCAN = 64
+
+    def __init__(self, max_waiting: int = 100_000) -> None:
+        self.max_waiting = max_waiting
+        self._by_tenant: dict[str, deque[tuple[str, str, int]]] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def park(self, tenant_id: str, endpoint_id: str, delivery_id: str, bounces: int) -> bool:
+        """Wait for a slot of the tenant; False when the room is full (bounce instead)."""
+        with self._lock:
+            if self._count >= self.max_waiting:
+                return False
+            self._by_tenant.setdefault(tenant_id, deque()).append(
+                (delivery_id, endpoint_id, bounces)
+            )
+            self._count += 1
+            return True
+
+    def next_for(
+        self, tenant_id: str, can_go: Callable[[str], bool]
+    ) -> tuple[str, str, int] | None:
+        """The tenant's longest-waiting delivery whose endpoint `can_go`, taken out."""
+        with self._lock:
+            waiting = self._by_tenant.get(tenant_id)
+            if not waiting:
+                return None
+            for index, entry in enumerate(waiting):
+                if index >= self.SCAN:
+                    return None
+                if can_go(entry[1]):
+                    del waiting[index]
+                    self._count -= 1
+                    if not waiting:
+                        del self._by_tenant[tenant_id]
+                    return entry
+            return None
+
+    def __len__(self) -> int:
+        return self._count
