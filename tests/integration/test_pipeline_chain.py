@@ -129,10 +129,10 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
     assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, 3)
     # And settlement pays the net from the hot wallet, skimming the live fee
     set_fee(pg_db, rig.chain_id, "0.25")
-    assert rig.parts.settling.settle(deposit.id) == states.CREDIT_SUBMITTED
+    assert rig.parts.settling.settle(deposit.id) == states.SOURCE_CONFIRMED  # paying
     assert rig.evm.balance_of(rig.token, rig.wallet) == 125_250_000
     # And credits it once the payout is as deep as the destination chain's depth (3)
-    assert rig.parts.settling.poll(deposit.id) == states.CREDIT_SUBMITTED
+    assert rig.parts.settling.poll(deposit.id) is None  # in flight: 1 confirmation of 3
     rig.evm.mine(2)
     assert rig.parts.settling.poll(deposit.id) == states.CREDITED
     (deposit,) = deposits_of(pg_db, rig.account)
@@ -143,7 +143,6 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
     assert deposit_event_types(pg_db, deposit.id) == [
         "deposit.source_seen",
         "deposit.source_confirmed",
-        "deposit.credit_submitted",
         "deposit.credited",
     ]
     events = events_of(pg_db, rig.account.tenant_id)

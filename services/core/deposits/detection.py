@@ -707,7 +707,11 @@ class Detection:
                     )
                 )
                 log.critical("chain %s: %s", chain_id, detail)
-                if deposit.status == states.SOURCE_CONFIRMED and deposit.settle_phase is None:
+                if (
+                    deposit.status == states.SOURCE_CONFIRMED
+                    and deposit.settle_phase is None
+                    and deposit.provider_ref is None  # not being paid (a payment in flight)
+                ):
                     transitions.review(
                         session,
                         deposit,

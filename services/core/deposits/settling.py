@@ -44,6 +44,10 @@ Clock = Callable[[], datetime]
 
 #: `settle_phase` while a payer or provider call is in flight.
 PHASE_STARTING = "starting"
+#: Statuses a credit is decided, started and polled in: a hot-wallet payment in flight
+#: stays `source_confirmed` (no `credit_submitted` for direct and inventory credits); a
+#: routed one is `credit_submitted`. `provider_ref` set: in flight.
+SETTLEABLE = (states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED)
 
 
 def _due(deposit: Deposit, now: datetime) -> bool:
@@ -81,10 +85,14 @@ class Settling:
         now = self.clock()
         with self.db.transaction() as session:
             deposit = store.lock(session, deposit_id, skip_locked=skip_locked)
-            if deposit is None or deposit.settle_phase is not None or not _due(deposit, now):
+            if (
+                deposit is None
+                or deposit.settle_phase is not None
+                or deposit.provider_ref is not None  # a credit in flight: polled, not started
+                or not _due(deposit, now)
+            ):
                 return None
-            waiting = deposit.status == states.CREDIT_SUBMITTED and deposit.provider_ref is None
-            if deposit.status != states.SOURCE_CONFIRMED and not waiting:
+            if deposit.status not in SETTLEABLE:
                 return None
             if deposit.credit_amount is None:
                 order = self._decide(session, deposit, now)
@@ -267,14 +275,18 @@ class Settling:
     # --- in-flight credits ----------------------------------------------------------------
 
     def poll(self, deposit_id: str) -> str | None:
-        """Ask the route of an in-flight credit how it is going; record the answer."""
+        """Ask the route of an in-flight credit how it is going; record the answer.
+
+        Returns the status it ended in, `credit_submitted` for a routed credit still in
+        flight, None when there was nothing to do or a hot-wallet payment is still in
+        flight (the worker counts neither as work)."""
         now = self.clock()
         payer: EvmPayer | None = None
         with self.db.transaction() as session:
             deposit = store.lock(session, deposit_id, skip_locked=True)
             if (
                 deposit is None
-                or deposit.status != states.CREDIT_SUBMITTED
+                or deposit.status not in SETTLEABLE
                 or deposit.provider_ref is None
                 or deposit.settle_phase is not None
                 or not _due(deposit, now)
@@ -364,18 +376,18 @@ class Settling:
                 draft.head,
                 now,
             )
+            # The status stays (`source_confirmed`): a direct or inventory credit emits
+            # no `credit_submitted` (DESIGN.md); `provider_ref` marks it in flight.
             deposit.settle_phase = None
             deposit.provider_ref = payment.ref
             deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
-            if deposit.status == states.CREDIT_SUBMITTED:
-                deposit.updated_at = now
-            else:
-                transitions.move(session, deposit, states.CREDIT_SUBMITTED, now)
+            deposit.updated_at = now
+            status = deposit.status
         # Only now that it is stored: from here on a crash or an error leaves a payment
         # its poll finds (and broadcasts again), never one signed anew.
         log.info("deposit %s: paying with nonce %s, tx %s", deposit_id, nonce, signed.hash)
         payer.broadcast(signed.raw)
-        return states.CREDIT_SUBMITTED
+        return status
 
     def _poll_payment(
         self,
@@ -397,7 +409,7 @@ class Settling:
                 exc,
             )
             self._alert_if_old(payment)
-            return states.CREDIT_SUBMITTED
+            return None
         verdict = payments.judge(observation, payment, depth, self.settings.payment_replace_blocks)
         if isinstance(verdict, Credited | Failed):
             ref = payment.ref
@@ -405,7 +417,7 @@ class Settling:
                 deposit_id,
                 route,
                 verdict,
-                lambda d: d.status == states.CREDIT_SUBMITTED and d.provider_ref == ref,
+                lambda d: d.status in SETTLEABLE and d.provider_ref == ref,
             )
         self._alert_if_old(payment)
         if isinstance(verdict, payments.Replace):
@@ -415,7 +427,7 @@ class Settling:
             # same bytes again, so it can only ever be mined once.
             log.warning("payment of %s unknown to the node: broadcast again", deposit_id)
             payer.broadcast(payment.raw_tx)
-        return states.CREDIT_SUBMITTED
+        return None
 
     def _replace(
         self, deposit_id: str, payer: EvmPayer, payment: payments.PaymentView, head: int

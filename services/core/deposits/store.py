@@ -54,12 +54,8 @@ class DepositStore:
         return self._ids(
             sa.select(Deposit.id)
             .where(
-                sa.or_(
-                    Deposit.status == states.SOURCE_CONFIRMED,
-                    sa.and_(
-                        Deposit.status == states.CREDIT_SUBMITTED, Deposit.provider_ref.is_(None)
-                    ),
-                ),
+                Deposit.status.in_((states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED)),
+                Deposit.provider_ref.is_(None),
                 Deposit.settle_phase.is_(None),
                 _due(now),
             )
@@ -68,11 +64,12 @@ class DepositStore:
         )
 
     def due_for_poll(self, now: datetime, limit: int) -> list[str]:
-        """In-flight credits whose route should be asked again."""
+        """In-flight credits whose route should be asked again (a hot-wallet payment in
+        flight is `source_confirmed` with its `provider_ref`)."""
         return self._ids(
             sa.select(Deposit.id)
             .where(
-                Deposit.status == states.CREDIT_SUBMITTED,
+                Deposit.status.in_((states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED)),
                 Deposit.provider_ref.is_not(None),
                 Deposit.settle_phase.is_(None),
                 _due(now),
