@@ -427,6 +427,20 @@ def test_a_failing_delivery_shows_its_attempts_and_replay_makes_it_succeed(
     assert "receiver is down" in first.inner_text()
     first.get_by_text("Request headers and body as sent").click()
     assert delivery["eventId"] in first.inner_text()
+    assert re.search(r"Latency\s*\d+ ms", first.inner_text()), first.inner_text()
+    # And what the page says attempt 1 sent is what the receiver got: the exact body
+    # bytes, and each signed header with its value
+    got = receiver.hits("/fails")[0]
+    headers_shown, body_shown = first.locator("details pre").all_inner_texts()[:2]
+    assert body_shown == got.body.decode("utf-8")
+    shown = {
+        name.lower(): value
+        for name, _, value in (line.partition(": ") for line in headers_shown.splitlines())
+    }
+    signed = {n.lower(): v for n, v in got.headers.items() if n.lower().startswith("x-service-")}
+    assert len(signed) == 4, got.headers  # signature, timestamp, event id, delivery id
+    for name, value in signed.items():
+        assert shown.get(name) == value, (name, value, shown)
     screenshot(page, "delivery")
     # When the receiver is fixed and support presses Replay
     receiver.script("/fails", Answer.ok())

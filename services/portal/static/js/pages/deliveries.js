@@ -134,7 +134,7 @@ async function renderOne(root, deliveryId) {
   );
   if (session.can("developer")) root.append(h("div", { class: "row" }, replayButton(delivery)));
   // The exact bytes sent (every attempt sends the same body).
-  const body = delivery.requestBody ?? JSON.stringify(delivery.event);
+  const body = delivery.requestBody;
   const attempts = delivery.attempts.map((a) =>
     h(
       "li",
