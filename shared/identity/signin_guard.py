@@ -151,7 +151,14 @@ class SignInGuard:
 
         return [
             counter(f"signin:pair:{account}:{client}", limits.pair_free, limits.pair_cap_s),
-            counter(f"signin:client:{client}", limits.client_free, limits.client_cap_s),
+            # Neither a flood at one address (a NAT or VPN exit others share) nor one at
+            # one account keeps a member out of an address it signed in from before.
+            counter(
+                f"signin:client:{client}",
+                limits.client_free,
+                limits.client_cap_s,
+                unless=self._known(account, client),
+            ),
             counter(
                 f"signin:account:{account}",
                 limits.account_free,
