@@ -32,7 +32,7 @@ from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
 from services.notifier.delivery_store import DISABLED_FAILING, Claim, Connection, DeliveryStore
 from services.notifier.fanout import ENDPOINT_DISABLED
-from services.notifier.limiter import EndpointLimiter, EndpointRates, WaitingRoom
+from services.notifier.limiter import EndpointLimiter, EndpointRates, Waiting, WaitingRoom
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import ENABLED, FAILED, RETRYING, SKIPPED, SUCCEEDED, Endpoint
 from services.notifier.retry_policy import DeliveryTuning, retry_delay, saturated_delay
@@ -52,6 +52,9 @@ MAX_BOUNCES = 16
 #: The error of an attempt whose delivery another worker took over before it was
 #: recorded (its lease lapsed): the POST happened, its answer decided nothing.
 LEASE_LOST = "lease_lost"
+#: Most waiting deliveries one ended attempt sends on (more than the slot it freed: some
+#: go to other processes, some find their endpoint busy again and wait once more).
+WAKE_AT_ONCE = 4
 #: Dramatiq priority of retries (first attempts have 0): first attempts never wait
 #: behind a backlog of retries of failing endpoints.
 RETRY_PRIORITY = 10
@@ -139,7 +142,7 @@ class Deliverer:
         self.metrics = metrics
         self.limiter = limiter
         self.rates = EndpointRates()
-        self.waiting = WaitingRoom()
+        self.waiting = WaitingRoom(max_wait_s=tuning.saturated_max_s)
         self.breakers = breakers
         self.tuning = tuning
         # The lease outlasts the attempt's deadline (DeliveryTuning checks the margin).
@@ -155,6 +158,8 @@ class Deliverer:
         endpoint or tenant is still busy here, or its breaker still open, the message is
         sent on later again without touching the database (the claim is what costs).
         """
+        if len(self.waiting):
+            self._send_on(self.waiting.overdue())
         if route is not None and self._still_waiting(delivery_id, bounces, route):
             return "saturated"
         with self.store.connection() as conn:
@@ -222,19 +227,21 @@ class Deliverer:
         return True
 
     def _wake(self, tenant_id: str) -> None:
-        """A slot of the tenant is free: send on the next delivery waiting for one."""
-        entry = self.waiting.next_for(
-            tenant_id, lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)
-        )
-        if entry is None:
-            return
-        delivery_id, endpoint_id, bounces = entry
-        try:
-            self.dispatch.schedule(
-                delivery_id, 0.0, bounces=bounces, route=(endpoint_id, tenant_id)
-            )
-        except Exception:
-            log.exception("could not send on %s; the sweeper will", delivery_id)
+        """A slot of the tenant is free: send on the next deliveries waiting for one."""
+        can_go = lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)  # noqa: E731
+        self._send_on(self.waiting.take(tenant_id, can_go, WAKE_AT_ONCE))
+
+    def _send_on(self, entries: list[Waiting]) -> None:
+        for entry in entries:
+            try:
+                self.dispatch.schedule(
+                    entry.delivery_id,
+                    0.0,
+                    bounces=entry.bounces,
+                    route=(entry.endpoint_id, entry.tenant_id),
+                )
+            except Exception:
+                log.exception("could not send on %s; the sweeper will", entry.delivery_id)
 
     def _put_back(self, conn: Connection, claim: Claim, bounces: int) -> None:
         """The endpoint or its tenant has every slot busy here: let go, wait for a slot.

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def share_of(threads: int, share: float) -> int:
@@ -150,17 +151,26 @@ class WaitingRoom:
 
     A put-back delivery is due again at once in the database, but its job waits here
     (in memory) instead of bouncing through the broker every few seconds: when an
-    attempt of its tenant ends, the next waiting delivery whose endpoint has a free
-    slot is sent on. Losing this memory (a restart) loses nothing: the rows are due,
-    and the sweeper sends them.
+    attempt of its tenant ends, the next waiting deliveries whose endpoints have a free
+    slot are sent on, and one that has waited `max_wait_s` is sent on anyway (its
+    tenant's slots may be freeing up in another process). Losing this memory (a
+    restart) loses nothing: the rows are due, and the sweeper sends them.
     """
 
     #: How far into a tenant's queue a freed slot looks for an endpoint that can go.
     SCAN = 64
 
-    def __init__(self, max_waiting: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_waiting: int = 100_000,
+        max_wait_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_waiting = max_waiting
-        self._by_tenant: dict[str, deque[tuple[str, str, int]]] = {}
+        self.max_wait_s = max_wait_s
+        self._clock = clock
+        self._by_tenant: dict[str, deque[Waiting]] = {}
         self._count = 0
         self._lock = threading.Lock()
 
@@ -170,29 +180,54 @@ class WaitingRoom:
             if self._count >= self.max_waiting:
                 return False
             self._by_tenant.setdefault(tenant_id, deque()).append(
-                (delivery_id, endpoint_id, bounces)
+                Waiting(delivery_id, endpoint_id, tenant_id, bounces, self._clock())
             )
             self._count += 1
             return True
 
-    def next_for(
-        self, tenant_id: str, can_go: Callable[[str], bool]
-    ) -> tuple[str, str, int] | None:
-        """The tenant's longest-waiting delivery whose endpoint `can_go`, taken out."""
+    def take(self, tenant_id: str, can_go: Callable[[str], bool], most: int) -> list[Waiting]:
+        """Up to `most` of the tenant's longest-waiting deliveries whose endpoint `can_go`."""
+        taken: list[Waiting] = []
         with self._lock:
             waiting = self._by_tenant.get(tenant_id)
             if not waiting:
-                return None
-            for index, entry in enumerate(waiting):
-                if index >= self.SCAN:
-                    return None
-                if can_go(entry[1]):
-                    del waiting[index]
-                    self._count -= 1
-                    if not waiting:
-                        del self._by_tenant[tenant_id]
-                    return entry
-            return None
+                return taken
+            kept: list[Waiting] = []
+            while waiting and len(taken) < most and len(kept) < self.SCAN:
+                entry = waiting.popleft()
+                (taken if can_go(entry.endpoint_id) else kept).append(entry)
+            waiting.extendleft(reversed(kept))
+            self._count -= len(taken)
+            if not waiting:
+                del self._by_tenant[tenant_id]
+        return taken
+
+    def overdue(self) -> list[Waiting]:
+        """Every delivery that has waited `max_wait_s` or more, taken out."""
+        if not self._count:
+            return []
+        limit = self._clock() - self.max_wait_s
+        taken: list[Waiting] = []
+        with self._lock:
+            for tenant_id in list(self._by_tenant):
+                waiting = self._by_tenant[tenant_id]
+                while waiting and waiting[0].parked_at <= limit:
+                    taken.append(waiting.popleft())
+                if not waiting:
+                    del self._by_tenant[tenant_id]
+            self._count -= len(taken)
+        return taken
 
     def __len__(self) -> int:
         return self._count
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A delivery in the waiting room."""
+
+    delivery_id: str
+    endpoint_id: str
+    tenant_id: str
+    bounces: int
+    parked_at: float

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.notifier.breaker import CircuitBreakers
-from services.notifier.limiter import EndpointLimiter, share_of
+from services.notifier.limiter import EndpointLimiter, WaitingRoom, share_of
 
 
 def test_a_tenant_holds_at_most_its_share_whatever_its_endpoints() -> None:
@@ -105,3 +105,19 @@ def test_the_breaker_opens_after_failures_in_a_row_and_probes_one_at_a_time() ->
     assert breakers.wait_s("ep") == 0
     breakers.record("ep", ok=True)
     assert breakers.wait_s("ep") == 0 and breakers.open_count() == 0
+
+
+def test_the_waiting_room_sends_on_by_tenant_and_lets_nothing_wait_too_long() -> None:
+    clock = Clock()
+    room = WaitingRoom(max_wait_s=5, clock=clock)
+    for n in range(3):
+        assert room.park("t1", f"ep{n}", f"d{n}", 1)
+    room.park("t2", "ep9", "d9", 1)
+    # A freed slot of t1 sends on t1's deliveries whose endpoint can go, oldest first
+    taken = room.take("t1", lambda endpoint_id: endpoint_id != "ep0", most=4)
+    assert [w.delivery_id for w in taken] == ["d1", "d2"]
+    assert len(room) == 2
+    # And whatever waited max_wait_s goes on anyway (its slots may free up elsewhere)
+    clock.now += 5
+    assert sorted(w.delivery_id for w in room.overdue()) == ["d0", "d9"]
+    assert len(room) == 0
