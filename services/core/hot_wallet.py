@@ -176,7 +176,7 @@ class Erc20TransferExecutor:
     def head(self) -> int:
         return int(self.w3.eth.block_number)
 
-    def nonce_user(self, nonce: int, at_block: int) -> str | None:
+    def nonce_user(self, nonce: int, at_block: int, since: int = 0) -> str | None:
         """Hash of the canonical transaction that used the wallet's `nonce`, if it was
         used at or before `at_block` (None: not used there, or not found).
 
@@ -185,10 +185,13 @@ class Erc20TransferExecutor:
         transactions: the proof a payment can no longer be mined is another
         transaction with its nonce, not a missing receipt (receipts can be missing or
         stale on a lagging or load-balanced node).
+
+        `since`: a block where the nonce was still unused (the payment's signing head),
+        so the search stays within recent state (a full node keeps ~128 blocks of it).
         """
         if self.nonce(at_block) <= nonce:
             return None
-        lo, hi = 0, at_block  # count(hi) > nonce; find the first such block
+        lo, hi = min(since, at_block), at_block  # count(hi) > nonce: find the first such
         while lo < hi:
             mid = (lo + hi) // 2
             if self.nonce(mid) > nonce:

@@ -91,7 +91,9 @@ class Ops:
                 "SETTLE_HOT_WALLET_KEY are not both set here)"
             )
         try:
-            seen = payer.observe(payment.tx_hashes, payment.nonce, chain.confirmations)
+            seen = payer.observe(
+                payment.tx_hashes, payment.nonce, chain.confirmations, payment.signed_block
+            )
         except Exception as exc:  # cannot prove anything: refuse
             return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
         if seen.mined is not None:

@@ -321,8 +321,9 @@ class EvmPayer:
                 exc,
             )
 
-    def observe(self, hashes: Sequence[str], nonce: int, depth: int) -> Observation:
-        """What the chain says about a payment of `hashes` (all with `nonce`)."""
+    def observe(self, hashes: Sequence[str], nonce: int, depth: int, since: int = 0) -> Observation:
+        """What the chain says about a payment of `hashes` (all with `nonce`), signed at
+        block `since` (its nonce still unused there)."""
         from services.core.deposits.payments import Observation
 
         executor = self.executor
@@ -348,7 +349,7 @@ class EvmPayer:
         nonce_used = False
         if mined is None and settled_nonce > nonce and not stale:
             # Proof, not inference: the canonical transaction that used the nonce.
-            user = executor.nonce_user(nonce, settled_at)
+            user = executor.nonce_user(nonce, settled_at, since)
             if user is not None and user not in hashes:
                 nonce_used = True
             elif user is not None:

@@ -400,7 +400,9 @@ class Settling:
         """Judge an in-flight payment at the destination chain's `depth`; record its end,
         or replace or re-broadcast it."""
         try:
-            observation = payer.observe(payment.tx_hashes, payment.nonce, depth)
+            observation = payer.observe(
+                payment.tx_hashes, payment.nonce, depth, payment.signed_block
+            )
         except Exception as exc:  # unknown: it may be mined; ask again next round
             log.warning(
                 "payment of %s: no answer from the node (%s: %s)",
