@@ -159,7 +159,7 @@ class Deliverer:
         sent on later again without touching the database (the claim is what costs).
         """
         if len(self.waiting):
-            self._send_on(self.waiting.overdue())
+            self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
         if route is not None and self._still_waiting(delivery_id, bounces, route):
             return "saturated"
         with self.store.connection() as conn:

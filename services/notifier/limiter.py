@@ -202,17 +202,31 @@ class WaitingRoom:
                 del self._by_tenant[tenant_id]
         return taken
 
-    def overdue(self) -> list[Waiting]:
-        """Every delivery that has waited `max_wait_s` or more, taken out."""
+    def overdue(self, can_go: Callable[[str, str], bool]) -> list[Waiting]:
+        """Deliveries that have waited `max_wait_s` or more and `can_go` (endpoint,
+        tenant), taken out. One that cannot go waits on, its time renewed: its tenant's
+        slots here are all busy, so one of its attempts here ends soon and wakes it
+        (sending them all on would only bring them back, a storm every `max_wait_s`)."""
         if not self._count:
             return []
-        limit = self._clock() - self.max_wait_s
+        now = self._clock()
+        limit = now - self.max_wait_s
         taken: list[Waiting] = []
         with self._lock:
             for tenant_id in list(self._by_tenant):
                 waiting = self._by_tenant[tenant_id]
-                while waiting and waiting[0].parked_at <= limit:
-                    taken.append(waiting.popleft())
+                looked = 0
+                while waiting and waiting[0].parked_at <= limit and looked < self.SCAN:
+                    entry = waiting.popleft()
+                    looked += 1
+                    if can_go(entry.endpoint_id, tenant_id):
+                        taken.append(entry)
+                    else:
+                        waiting.append(
+                            Waiting(
+                                entry.delivery_id, entry.endpoint_id, tenant_id, entry.bounces, now
+                            )
+                        )
                 if not waiting:
                     del self._by_tenant[tenant_id]
             self._count -= len(taken)
