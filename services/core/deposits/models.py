@@ -250,6 +250,10 @@ class HotWalletNonce(CoreBase):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+#: `Deposit.provider_ref` of a hot-wallet payment in flight: `payment:<id>`.
+PAYMENT_REF = "payment:"
+
+
 class HotWalletPayment(CoreBase):
     """One credit paid from a hot wallet: its nonce and every transaction signed for it.
 
@@ -291,4 +295,4 @@ class HotWalletPayment(CoreBase):
     @property
     def ref(self) -> str:
         """The deposit's `provider_ref` while this payment is in flight."""
-        return f"payment:{self.id}"
+        return f"{PAYMENT_REF}{self.id}"

@@ -31,7 +31,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from services.core.deposits.models import Deposit, HotWalletNonce, HotWalletPayment
+from services.core.deposits.models import (
+    PAYMENT_REF,
+    Deposit,
+    HotWalletNonce,
+    HotWalletPayment,
+)
 from services.core.deposits.settlement import Credited, Failed, InFlight
 
 log = logging.getLogger(__name__)
@@ -81,7 +86,7 @@ class PaymentView:
 
     @property
     def ref(self) -> str:
-        return f"payment:{self.id}"
+        return f"{PAYMENT_REF}{self.id}"
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,10 @@ def record(
     session.add(payment)
     session.flush()
     return payment
+
+
+def is_payment_ref(ref: str | None) -> bool:
+    return ref is not None and ref.startswith(PAYMENT_REF)
 
 
 def open_payment(session: Session, deposit_id: str) -> HotWalletPayment | None:

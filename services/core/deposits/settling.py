@@ -223,7 +223,7 @@ class Settling:
         self, session: Session, deposit: Deposit, route: Route, outcome: Outcome, now: datetime
     ) -> None:
         deposit.settle_phase = None
-        if not isinstance(outcome, InFlight):
+        if not isinstance(outcome, InFlight) and payments.is_payment_ref(deposit.provider_ref):
             payments.resolve(
                 session,
                 deposit.id,
