@@ -179,3 +179,33 @@ def test_the_fixed_table_is_the_default_source() -> None:
     prices = build_prices(PipelineSettings.from_env({}))
     assert isinstance(prices, StaticPrices)
     assert prices.usd_price(1, "DAI") == Decimal(1)
+
+
+def test_a_deposit_seen_during_a_price_outage_is_valued_when_it_settles(
+    world: World, price_server: _PriceServer
+) -> None:
+    from services.core.deposits.pricing import build_prices
+
+    settings = PipelineSettings.from_env({"SETTLE_PRICE_SOURCE": price_server.url})
+    prices = build_prices(settings)
+    parts = world.parts(settings, prices)
+    registry_chain = parts.registry.get(world.chain_id)
+    assert registry_chain is not None
+    watcher = ChainWatcher(
+        parts.detection, registry_chain, world.chain, lag_blocks=0, start_block=1
+    )
+    # Given the source had not answered yet when the transfer was seen and confirmed
+    world.chain.transfer(TEST_USDC, SENDER, world.account.address(world.chain_id), 20 * USDC)
+    world.chain.mine(4)
+    watcher.tick()
+    watcher.tick()
+    (deposit,) = deposits_of(world.db, world.account)
+    assert deposit.status == states.SOURCE_CONFIRMED and deposit.amount_usd is None
+    # When it answers (USDC at 0.999) before the deposit settles
+    price_server.prices = {"USDC": "0.999"}
+    assert prices.refresh() is True  # type: ignore[attr-defined]
+    parts.settling.settle(deposit.id)
+    # Then the deposit is valued now and credited, not left in review for want of a price
+    (deposit,) = deposits_of(world.db, world.account)
+    assert deposit.status == states.CREDITED
+    assert deposit.amount_usd == Decimal("19.98") and deposit.net_usd == Decimal("19.88")

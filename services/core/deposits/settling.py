@@ -16,10 +16,11 @@ from decimal import Decimal
 
 from sqlalchemy.orm import Session
 
+from services.core.amounts import token_units
 from services.core.chains import ChainRegistry
 from services.core.deposits import payments, rules, states, store, transitions
 from services.core.deposits.models import Deposit
-from services.core.deposits.pricing import PriceSource
+from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
     ROUTED,
@@ -144,6 +145,14 @@ class Settling:
     def _decide(self, session: Session, deposit: Deposit, now: datetime) -> CreditOrder | None:
         """Apply the settlement rules; the credit to pay, or None when the deposit ended."""
         chain = self.registry.get(deposit.chain_id)
+        peg = None
+        if not deposit.sandbox and deposit.asset is not None:
+            price = self.prices.usd_price(deposit.chain_id, deposit.asset)
+            peg = rules.PegCheck(price, self.settings.peg_band)
+            if deposit.amount_usd is None and price is not None and deposit.decimals is not None:
+                # Seen while the price source was silent: valued now, by the same rule.
+                units = token_units(int(deposit.amount_raw), deposit.decimals)
+                deposit.amount_usd = amount_usd(units, price)
         facts = rules.SettlementFacts(
             asset=deposit.asset,
             amount_usd=deposit.amount_usd,
@@ -152,10 +161,6 @@ class Settling:
         # The fee is the chain's live fee at the moment of settlement.
         fee = fee_for(session, chain) if chain is not None else Decimal(0)
         payee = self._payee(deposit)
-        peg = None
-        if not deposit.sandbox and deposit.asset is not None:
-            price = self.prices.usd_price(deposit.chain_id, deposit.asset)
-            peg = rules.PegCheck(price, self.settings.peg_band)
         decision = rules.decide(facts, chain, fee, payee, peg)
         if decision.fee_usd is not None:
             deposit.fee_usd = decision.fee_usd
