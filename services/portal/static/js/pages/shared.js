@@ -10,7 +10,7 @@ export const DEPOSIT_STATUSES = [
   "failed",
   "manual_review_required",
 ];
-export const DELIVERY_STATUSES = ["pending", "retrying", "succeeded", "failed"];
+export const DELIVERY_STATUSES = ["pending", "retrying", "succeeded", "failed", "skipped"];
 
 let chains = null;
 /** GET /v1/chains, once per page load. */
