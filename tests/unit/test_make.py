@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,8 +20,16 @@ def make_plan(*args: str) -> list[str]:
     """The commands `make` would run for `args` (dry run, every prerequisite remade)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    # Run as a top-level make even under `make test`: an inherited MAKELEVEL/MAKEFLAGS
+    # makes it print "Entering/Leaving directory" lines around the plan.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ["make", "--no-print-directory", "-n", "-B", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
