@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -522,3 +523,24 @@ def test_a_worker_dying_between_the_commit_and_the_broadcast_pays_once(
     assert rig.proxy.count("eth_sendRawTransaction") == 1
     assert rig.paid() == 34_500_000
     assert rig.credited_events(deposit_id) == 1
+
+
+def test_a_replacement_never_pays_more_than_the_fee_cap(pooled: Rig) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(45 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    pipeline.settle_round()
+    (first,) = rig.node.pool.values()
+    rig.node.min_fee_wei = first.max_fee + 1  # stuck: underpriced
+    # Given a cap at what the payment already offers
+    cap = Decimal(first.max_fee) / 10**9
+    capped = rig.pipeline(rig.parts(replace(SETTINGS, payment_max_fee_gwei=cap)))
+    for _ in range(SETTINGS.payment_replace_blocks + 2):
+        rig.evm.mine()
+        capped.settle_round()
+    # Then it was not replaced: it waits (and alerts) rather than outbid the cap
+    (payment,) = payment_rows(rig.db, deposit_id)
+    assert len(payment["tx_hashes"]) == 1 and rig.status(deposit_id) == IN_FLIGHT
+    # And without the cap it is replaced and lands, once
+    run_until_credited(rig, pipeline, deposit_id)
+    assert rig.paid() == 44_500_000

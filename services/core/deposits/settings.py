@@ -57,6 +57,9 @@ class PipelineSettings:
     #: Blocks a hot-wallet payment may stay unmined before it is replaced (same nonce
     #: and calldata, higher fees).
     payment_replace_blocks: int = 12
+    #: Highest fee per gas (gwei) a replacement may offer (None: no cap). A payment
+    #: whose replacement would pass it waits, alerting, rather than outbid it.
+    payment_max_fee_gwei: Decimal | None = None
     #: Seconds after which an in-flight hot-wallet payment is logged (once) as old;
     #: `settle_hot_wallet_payment_oldest_seconds` shows it all along.
     payment_alert_s: float = 600.0
@@ -101,6 +104,7 @@ class PipelineSettings:
             stuck_payment_s=_non_negative(env, "SETTLE_STUCK_PAYMENT_S", 300.0),
             payment_replace_blocks=max(1, env_int(env, "SETTLE_PAYMENT_REPLACE_BLOCKS", 12)),
             payment_alert_s=_non_negative(env, "SETTLE_PAYMENT_ALERT_S", 600.0),
+            payment_max_fee_gwei=_optional_decimal(env, "SETTLE_PAYMENT_MAX_FEE_GWEI"),
             ops_stuck_after_s=_non_negative(env, "SETTLE_OPS_STUCK_AFTER_S", 1800.0),
             simulated_settlement=env_bool(env, "SETTLE_SIMULATED_SETTLEMENT", dev),
             simulated_bridge_s=_non_negative(env, "SETTLE_SIMULATED_BRIDGE_S", 1.0),
@@ -140,6 +144,11 @@ def parse_prices(text: str) -> dict[str, Decimal]:
             raise SettingsError(f"SETTLE_PRICES_USD: {item!r} is not SYMBOL=price")
         prices[symbol.strip()] = _decimal(value.strip(), "SETTLE_PRICES_USD")
     return prices
+
+
+def _optional_decimal(env: Mapping[str, str], name: str) -> Decimal | None:
+    text = (env_str(env, name, "") or "").strip()
+    return _decimal(text, name) if text else None
 
 
 def parse_price_source(text: str) -> str:

@@ -445,6 +445,18 @@ class Settling:
         except Exception as exc:
             log.warning("payment of %s: could not price a replacement (%s)", deposit_id, exc)
             return
+        cap = self.settings.payment_max_fee_gwei
+        offered = int(tx.get("maxFeePerGas", tx.get("gasPrice", 0)))
+        if cap is not None and offered > cap * 10**9:
+            log.error(
+                "payment of %s not replaced: it would offer %s wei per gas, over "
+                "SETTLE_PAYMENT_MAX_FEE_GWEI=%s (it waits; raise the cap or cancel nonce %s)",
+                deposit_id,
+                offered,
+                cap,
+                payment.nonce,
+            )
+            return
         signed = payer.sign(tx, payment.nonce)
         with self.db.transaction() as session:
             deposit = store.lock(session, deposit_id)
