@@ -199,7 +199,7 @@ class Deliverer:
         if claim.deleted_at is not None or claim.endpoint_status != ENABLED:
             self._stop(conn, claim)
             return "stopped"
-        wait_s = self.breakers.wait_s(claim.endpoint_id)
+        wait_s = self.breakers.wait_s(claim.endpoint_id, peek=True)
         if wait_s > 0:
             self._hold(conn, claim, wait_s)
             return "held"
@@ -211,7 +211,18 @@ class Deliverer:
             if pace_s > 0:
                 self._pace(conn, claim, pace_s)
                 return "paced"
-            return self._attempt(conn, claim)
+            # Only now, with a slot and the pace allowing it, is a half-open breaker's
+            # probe taken (another thread may have taken it since the peek).
+            wait_s = self.breakers.wait_s(claim.endpoint_id)
+            if wait_s > 0:
+                self._hold(conn, claim, wait_s)
+                return "held"
+            try:
+                return self._attempt(conn, claim)
+            finally:
+                # The attempt recorded its outcome, or failed before it could: either
+                # way the probe (if this was it) is over.
+                self.breakers.release_probe(claim.endpoint_id)
         finally:
             self.limiter.release(claim.endpoint_id, claim.tenant_id)
             self._wake(claim.tenant_id)

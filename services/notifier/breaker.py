@@ -66,6 +66,19 @@ class CircuitBreakers:
                 state.probing = True
             return 0.0
 
+    def release_probe(self, endpoint_id: str) -> None:
+        """The probe taken by `wait_s` made no attempt (or its outcome is recorded): free it.
+
+        Without this, a probe that ended without an outcome (put back, paced, an error
+        before sending) left the endpoint half-open for good: every later delivery held.
+        """
+        if endpoint_id not in self._states:
+            return
+        with self._lock:
+            state = self._states.get(endpoint_id)
+            if state is not None:
+                state.probing = False
+
     def record(self, endpoint_id: str, *, ok: bool) -> bool:
         """The outcome of an attempt; True when this failure opened (or re-opened) it."""
         if ok:

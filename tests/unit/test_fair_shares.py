@@ -125,3 +125,18 @@ def test_the_waiting_room_sends_on_by_tenant_and_lets_nothing_wait_too_long() ->
     clock.now += 5
     assert [w.delivery_id for w in room.overdue(lambda e, t: True)] == ["d0"]
     assert len(room) == 0
+
+
+def test_a_probe_that_made_no_attempt_is_released() -> None:
+    # Given an open breaker whose cool-down has passed
+    clock = Clock()
+    breakers = CircuitBreakers(threshold=2, cooldown_s=5, max_cooldown_s=40, clock=clock)
+    breakers.record("ep", ok=False)
+    breakers.record("ep", ok=False)
+    clock.now += 5
+    # When the probe is taken but no attempt is made (put back, paced, an error first)
+    assert breakers.wait_s("ep") == 0
+    assert breakers.wait_s("ep") > 0  # half-open: the others wait
+    breakers.release_probe("ep")
+    # Then the next delivery may probe: the endpoint is not held for good
+    assert breakers.wait_s("ep") == 0
