@@ -14,12 +14,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from eth_account.signers.local import LocalAccount
 
+from services import cli
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
 from services.core.deposits.metrics import ChainCollector
@@ -35,6 +37,7 @@ from tests.conftest import TenantKeys
 from tests.support.deposits import (
     AccountRef,
     DepositParts,
+    chains_toml,
     deposit_event_types,
     deposit_parts,
     deposits_of,
@@ -544,3 +547,39 @@ def test_a_replacement_never_pays_more_than_the_fee_cap(pooled: Rig) -> None:
     # And without the cap it is replaced and lands, once
     run_until_credited(rig, pipeline, deposit_id)
     assert rig.paid() == 44_500_000
+
+
+def test_the_ops_command_line_checks_the_chain_and_says_what_to_do(
+    pooled: Rig,
+    pg_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rig = pooled
+    deposit_id = rig.deposit(25 * USDC)
+    rig.pipeline(rig.parts()).settle_round()
+    (in_flight,) = rig.node.pooled()
+    chains = tmp_path / "chains.toml"
+    chains.write_text(chains_toml(chain_id=rig.chain_id, depth=DEPTH, usdc=rig.token))
+    for name, value in {
+        "SETTLE_DATABASE_URL": pg_url,
+        "SETTLE_ENV": "dev",
+        "SETTLE_CHAINS_FILE": str(chains),
+        f"SETTLE_RPC_URL_{rig.chain_id}": rig.proxy.url,
+        "SETTLE_HOT_WALLET_KEY": rig.hot.key.hex(),
+        "SETTLE_OPS_STUCK_AFTER_S": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    # When ops fail the deposit from the command line while its payment is pending
+    code = cli.main(["deposits", "fail", deposit_id, "--reason", "refunded", "--by", "ops-ann"])
+    err = capsys.readouterr().err
+    # Then it is refused, naming the transaction and what to do
+    assert code == 2
+    assert err.startswith("error: conflict: ") and "may still be mined" in err
+    assert in_flight in err and "--tx" in err
+    assert rig.status(deposit_id) == IN_FLIGHT
+    # And crediting it with that very transaction works
+    code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
+    assert code == 0, capsys.readouterr().err
+    assert rig.status(deposit_id) == states.CREDITED
