@@ -18,7 +18,8 @@ Notes for callers (they hold for every reader here):
   and its place among the transaction's own transfers (see deposits/identity.py).
 - A range is read in several calls, so a reorg can happen mid-scan, and a load-balanced
   provider may answer from a node behind the others (`[]` past its head, no error):
-  the watcher checks block hashes and asks by block hash before trusting a range.
+  the watcher checks block hashes, asks by block hash, and checks each block's
+  `logsBloom` (`block_headers`) before trusting a range.
 - JSON-RPC answers are decoded from the wire directly (not through web3's result
   formatters), which is most of the cost of a busy block.
 """
@@ -59,6 +60,36 @@ class BlockRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockHeader:
+    """A canonical block's hash and its `logsBloom` (an int; None when the node gave none)."""
+
+    number: int
+    hash: str
+    logs_bloom: int | None
+
+
+def bloom_mask(item: bytes) -> int:
+    """The three bits an item (a log's address or a topic) sets in a block's `logsBloom`
+    (the yellow paper's M3:2048: from keccak256(item), bytes 0-1, 2-3, 4-5, mod 2048)."""
+    digest = keccak_256(item)
+    mask = 0
+    for i in (0, 2, 4):
+        mask |= 1 << (((digest[i] << 8) | digest[i + 1]) & 2047)
+    return mask
+
+
+def bloom_of(logs: Iterable[TransferLog]) -> int:
+    """The `logsBloom` of a block holding these Transfer logs (for the fake chain)."""
+    bloom = 0
+    for log in logs:
+        bloom |= bloom_mask(bytes.fromhex(log.token_address[2:]))
+        bloom |= TRANSFER_BLOOM
+        for address in (log.from_address, log.to_address):
+            bloom |= bloom_mask(bytes(12) + bytes.fromhex(address[2:]))
+    return bloom
+
+
+@dataclass(frozen=True, slots=True)
 class TransferLog:
     """An ERC-20 `Transfer` log; addresses and hashes lowercase 0x-hex."""
 
@@ -73,6 +104,10 @@ class TransferLog:
     amount_raw: int
     #: The transaction's position in its block.
     tx_index: int = 0
+
+
+#: The Transfer topic's bits in a block's logsBloom.
+TRANSFER_BLOOM = bloom_mask(bytes.fromhex(TRANSFER_TOPIC[2:]))
 
 
 class ChainIdMismatch(RuntimeError):
@@ -106,6 +141,10 @@ class ChainReader(Protocol):
 
     def block_hashes(self, numbers: Iterable[int]) -> dict[int, str]:
         """Canonical hashes at these heights (heights past the head are left out)."""
+        ...
+
+    def block_headers(self, numbers: Iterable[int]) -> dict[int, BlockHeader]:
+        """Canonical headers (hash, logsBloom) at these heights (past the head: left out)."""
         ...
 
     def tagged_block(self, tag: str) -> BlockRef | None:
@@ -284,29 +323,32 @@ class Web3ChainReader(ChainReader):
 
     def block_hashes(self, numbers: Iterable[int]) -> dict[int, str]:
         """Canonical hashes at these heights, asked in JSON-RPC batches."""
+        return {n: h.hash for n, h in self.block_headers(numbers).items()}
+
+    def block_headers(self, numbers: Iterable[int]) -> dict[int, BlockHeader]:
+        """Canonical headers at these heights, asked in JSON-RPC batches."""
         wanted = sorted(set(numbers))
-        hashes: dict[int, str] = {}
+        headers: dict[int, BlockHeader] = {}
         for i in range(0, len(wanted), HEADER_BATCH):
             chunk = wanted[i : i + HEADER_BATCH]
-            if len(chunk) == 1:
-                ref = self.block(chunk[0])
-                if ref is not None:
-                    hashes[ref.number] = ref.hash
-                continue
-            answers = self.rpc.batch("eth_getBlockByNumber", [[hex(n), False] for n in chunk])
-            if answers is None:  # the provider refused the batch
+            answers = None
+            if len(chunk) > 1:
+                answers = self.rpc.batch("eth_getBlockByNumber", [[hex(n), False] for n in chunk])
+            if answers is None:  # one block, or the provider refused the batch
                 for n in chunk:
-                    ref = self.block(n)
-                    if ref is not None:
-                        hashes[n] = ref.hash
+                    if n < 0:
+                        raise ValueError(f"block number must be >= 0, got {n}")
+                    header = _header(self._call("eth_getBlockByNumber", [hex(n), False]))
+                    if header is not None:
+                        headers[n] = header
                 continue
             for n, answer in zip(chunk, answers, strict=True):
                 if answer.get("error") is not None:
                     raise NodeError("eth_getBlockByNumber", 0, str(answer["error"]))
-                blk = answer.get("result")
-                if blk is not None:
-                    hashes[n] = blk["hash"].lower()
-        return hashes
+                header = _header(answer.get("result"))
+                if header is not None:
+                    headers[n] = header
+        return headers
 
     def tagged_block(self, tag: str) -> BlockRef | None:
         """The `finalized` / `safe` block, or None when the node does not offer the tag."""
@@ -382,6 +424,15 @@ class Web3ChainReader(ChainReader):
             ) + self._get_logs({"fromBlock": hex(mid + 1), "toBlock": hex(end)}, contracts)
 
 
+def _header(blk: dict[str, Any] | None) -> BlockHeader | None:
+    if blk is None:
+        return None
+    bloom = blk.get("logsBloom")
+    return BlockHeader(
+        int(blk["number"], 16), blk["hash"].lower(), None if bloom is None else int(bloom, 16)
+    )
+
+
 def _position(log: TransferLog) -> tuple[int, int]:
     return (log.block_number, log.log_index)
 
@@ -418,6 +469,7 @@ class _FakeBlock:
     hash: str
     txs: tuple[_FakeTx, ...] = ()
     logs: tuple[TransferLog, ...] = field(default=())
+    logs_bloom: int = 0
 
 
 class InMemoryChain(ChainReader):
@@ -523,6 +575,12 @@ class InMemoryChain(ChainReader):
             except KeyError:
                 raise ValueError(f"{tx_hash} was not dropped by a reorg") from None
 
+    def mark_bloom(self, number: int, item: bytes) -> None:
+        """Add an item to block `number`'s logsBloom without a Transfer log: what another
+        log (a token's Approval, say) puts there."""
+        with self._lock:
+            self._blocks[number].logs_bloom |= bloom_mask(item)
+
     def fail_next(self, exc: BaseException, times: int = 1) -> None:
         """Make the next `times` reader calls raise `exc` (a node outage, say)."""
         with self._lock:
@@ -553,6 +611,17 @@ class InMemoryChain(ChainReader):
             self._maybe_fail()
             blocks = self._blocks
             return {n: blocks[n].hash for n in numbers if 0 <= n < len(blocks)}
+
+    def block_headers(self, numbers: Iterable[int]) -> dict[int, BlockHeader]:
+        """Canonical headers at these heights (heights past the head are left out)."""
+        with self._lock:
+            self._maybe_fail()
+            blocks = self._blocks
+            return {
+                n: BlockHeader(n, blocks[n].hash, blocks[n].logs_bloom)
+                for n in numbers
+                if 0 <= n < len(blocks)
+            }
 
     def tagged_block(self, tag: str) -> BlockRef | None:
         """The tagged block, when this fake offers the tag."""
@@ -642,5 +711,5 @@ class InMemoryChain(ChainReader):
                     tx_index=index,
                 )
             )
-        self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs)))
+        self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs), bloom_of(logs)))
         return BlockRef(number, block_hash)

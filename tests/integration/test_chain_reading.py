@@ -8,6 +8,7 @@ branch, a reorg deeper than the kept checkpoints, spam. The chain's depth is 3.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterator
@@ -159,6 +160,15 @@ def incidents(db: Database, chain_id: int) -> list[ChainIncident]:
         )
         session.expunge_all()
         return rows
+
+
+def pending_under_final_metric(db: Database, chain_id: int) -> float:
+    for family in ChainCollector(db).collect():
+        if family.name == "settle_deposits_pending_under_final":
+            for sample in family.samples:
+                if sample.labels == {"chain_id": str(chain_id)}:
+                    return sample.value
+    return 0.0
 
 
 def open_incidents_metric(db: Database, chain_id: int) -> float:
@@ -462,6 +472,83 @@ def test_logs_backend_two_blocks_behind_does_not_lose_the_deposit(
     assert deposit.amount_raw == str(500 * USDC)
     assert deposit.status == states.SOURCE_CONFIRMED
     assert rig.proxy.count("eth_getLogs", "lagged") > 0
+
+
+def test_range_from_a_lagging_backend_with_the_probe_answered_by_a_fresh_one_loses_nothing(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a load-balanced provider: range queries reach a logs backend DEPTH + 2 blocks
+    # behind ([] past its head, no error), the by-hash probe of a range's last block an
+    # up-to-date one (so the probe of a quiet last block matches the lagging range)
+    w = rig.watcher()
+    w.tick()
+    rig.proxy.lag(DEPTH + 2, by_hash=False)
+    # When 500 USDC arrive in the middle of the ranges read, past the lagging backend's head
+    rig.send(500 * USDC)
+    rig.evm.mine()
+    refused = 0
+    for _ in range(DEPTH + 8):
+        rig.evm.mine()
+        refused += w.tick().refused
+    # Then no range passed the deposit's block while that backend had not seen it: the
+    # deposit is recorded (and confirmed) as soon as it has
+    assert refused > 0
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.amount_raw == str(500 * USDC)
+    assert deposit.status == states.SOURCE_CONFIRMED
+    assert rig.proxy.count("eth_getLogs", "lagged") > 0
+
+
+def test_seen_deposit_is_confirmed_though_the_final_reading_meets_a_lagging_backend(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given 500 USDC seen at the tip
+    w = rig.watcher()
+    w.tick()
+    rig.send(500 * USDC)
+    rig.evm.mine()
+    w.tick()
+    (seen,) = deposits_of(pg_db, rig.account)
+    assert seen.status == states.SOURCE_SEEN
+    # When the reading at finality meets range queries from a backend further behind than
+    # the finality depth, the by-hash probe answered by an up-to-date one
+    rig.proxy.lag(DEPTH + 2, by_hash=False)
+    for _ in range(DEPTH + 8):
+        rig.evm.mine()
+        w.tick()
+    # Then the finality reading did not pass the deposit's block without it: confirmed
+    # (once the lagging backend had that block)
+    assert w.confirmed_block() > (seen.block_number or 0)
+    (after,) = deposits_of(pg_db, rig.account)
+    assert after.status == states.SOURCE_CONFIRMED
+
+
+def test_a_pending_deposit_passed_by_the_finality_reading_is_reported(
+    rig: Rig, pg_db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a node whose headers carry no logsBloom (nothing to check the ranges against)
+    w = rig.watcher()
+    headers = w.reader.block_headers
+    w.reader.block_headers = lambda numbers: {  # type: ignore[method-assign]
+        n: dataclasses.replace(h, logs_bloom=None) for n, h in headers(numbers).items()
+    }
+    w.tick()
+    rig.send(500 * USDC)
+    rig.evm.mine()
+    w.tick()
+    # When the reading at finality meets a lagging range backend and passes the deposit
+    rig.proxy.lag(DEPTH + 2, by_hash=False)
+    passed = 0
+    for _ in range(DEPTH + 8):
+        rig.evm.mine()
+        passed += w.tick().passed_pending
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_SEEN
+    assert w.confirmed_block() > (deposit.block_number or 0)
+    # Then it is not silent: counted, logged, and in the ops gauge
+    assert passed > 0
+    assert "pending under the finality cursor" in caplog.text
+    assert pending_under_final_metric(pg_db, rig.chain_id) == 1.0
 
 
 def test_logs_from_a_stale_fork_are_refused_until_the_backend_agrees(

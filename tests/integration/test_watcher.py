@@ -130,6 +130,30 @@ def test_transfer_is_seen_then_confirmed_exactly_at_depth_then_credited(
     ]
 
 
+def test_a_logs_bloom_false_positive_is_checked_by_hash_and_does_not_stall_the_watcher(
+    db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
+) -> None:
+    # Given blocks whose logsBloom holds the Transfer topic and USDC's address with no
+    # USDC Transfer among their logs (another token's Transfer and a USDC Approval, say),
+    # in the middle of the ranges read
+    w = watcher(parts, chain)
+    w.tick()
+    for _ in range(3):
+        chain.transfer(ODD_TOKEN, SENDER, account.address(), 7)
+        (block,) = chain.mine()
+        chain.mark_bloom(block.number, bytes.fromhex(TEST_USDC[2:]))
+    chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
+    chain.mine(4)
+    # When the watcher reads them
+    result = w.tick()
+    # Then the node asked by hash shows the blocks hold no USDC Transfer: nothing refused,
+    # both readings move on, the USDC deposit counts
+    assert result.refused == 0
+    assert w.next_block() == chain.head() + 1
+    (deposit,) = deposits_of(db, account)
+    assert deposit.status == states.SOURCE_CONFIRMED
+
+
 def test_reorg_before_confirmation_fails_the_deposit_and_never_credits_it(
     db: Database, parts: DepositParts, chain: InMemoryChain, account: AccountRef
 ) -> None:

@@ -96,7 +96,14 @@ class MemoryNode:
                     raise _Error(-32000, f"{tag} block not found")
             else:
                 ref = chain.block(chain.head() if tag == "latest" else int(tag, 16))
-            return None if ref is None else {"number": hex(ref.number), "hash": ref.hash}
+            if ref is None:
+                return None
+            bloom = chain.block_headers([ref.number])[ref.number].logs_bloom or 0
+            return {
+                "number": hex(ref.number),
+                "hash": ref.hash,
+                "logsBloom": "0x" + bloom.to_bytes(256, "big").hex(),
+            }
         if method == "eth_getLogs":
             spec = params[0]
             address = spec.get("address")

@@ -27,11 +27,13 @@ although the transaction is mined. With `forward=False` the node never sees the 
 
 Views of the chain (they change answers, not transport):
 
-- `lag(n, methods)`: the listed methods answer as a node `n` blocks behind the real
-  head: `eth_getLogs` returns nothing past that height (`[]` for a range wholly past it,
-  exactly what many load-balanced providers do, without an error), `eth_blockNumber`
-  says the lower head, `eth_getBlockByNumber` has no block past it. By default only
-  `eth_getLogs` lags: a logs backend behind the node that answers the head.
+- `lag(n, methods, by_hash=True)`: the listed methods answer as a node `n` blocks
+  behind the real head: `eth_getLogs` returns nothing past that height (`[]` for a range
+  wholly past it, exactly what many load-balanced providers do, without an error),
+  `eth_blockNumber` says the lower head, `eth_getBlockByNumber` has no block past it. By
+  default only `eth_getLogs` lags: a logs backend behind the node that answers the head.
+  `by_hash=False`: `eth_getLogs` asked by block hash reaches an up-to-date backend (a
+  load balancer sends each call to a different server), only range queries lag.
 - `serve_fork(fork, methods)`: the listed methods answer from a branch captured earlier
   (`capture_fork`), a node stuck on a stale fork after a reorg.
 - `drop_sends()`: `eth_sendRawTransaction` is answered with the transaction's hash but
@@ -169,7 +171,7 @@ class RpcProxy:
         self.hold_s = hold_s
         self._lock = threading.Lock()
         self._rules: list[_Rule] = []
-        self._lag: tuple[int, frozenset[str]] | None = None
+        self._lag: tuple[int, frozenset[str], bool] | None = None
         self._fork: tuple[Fork, frozenset[str]] | None = None
         self._drop: list[int | None] = []
         self._duplicate_logs = False
@@ -236,12 +238,15 @@ class RpcProxy:
             raise ValueError("a delay is between 0 and 60 s")
         self._add(_DelayRule(_methods(methods), times, seconds=seconds))
 
-    def lag(self, blocks: int, methods: Iterable[str] = LOGS_ONLY) -> None:
-        """Answer `methods` as a node `blocks` behind the real head (0: stop lagging)."""
+    def lag(self, blocks: int, methods: Iterable[str] = LOGS_ONLY, *, by_hash: bool = True) -> None:
+        """Answer `methods` as a node `blocks` behind the real head (0: stop lagging).
+
+        `by_hash=False`: eth_getLogs by block hash is answered up to date.
+        """
         if blocks < 0:
             raise ValueError("blocks must be >= 0")
         with self._lock:
-            self._lag = (blocks, frozenset(methods)) if blocks else None
+            self._lag = (blocks, frozenset(methods), by_hash) if blocks else None
 
     def serve_fork(self, fork: Fork | None, methods: Iterable[str] = FORK_METHODS) -> None:
         """Answer `methods` from a captured branch (None: from the node again)."""
@@ -414,7 +419,7 @@ class RpcProxy:
         if fork is not None and method in fork[1]:
             self._fork_answer(fork[0], method, params)
         if lag is not None and method in lag[1]:
-            self._lag_answer(lag[0], method, params)
+            self._lag_answer(lag[0], method, params, by_hash=lag[2])
         if duplicate and method == "eth_getLogs" and params and "blockHash" not in params[0]:
             logs = self.upstream_call(method, params)
             raise _Answer("duplicated", result=[log for log in logs for _ in range(2)])
@@ -431,7 +436,9 @@ class RpcProxy:
             self._drop.pop(0)
         return False
 
-    def _lag_answer(self, blocks: int, method: str, params: list[Any]) -> None:
+    def _lag_answer(
+        self, blocks: int, method: str, params: list[Any], *, by_hash: bool = True
+    ) -> None:
         head = int(self.upstream_call("eth_blockNumber", []), 16)
         behind = max(0, head - blocks)
         if method == "eth_blockNumber":
@@ -445,6 +452,8 @@ class RpcProxy:
         if method == "eth_getLogs":
             spec = dict(params[0]) if params else {}
             if "blockHash" in spec:
+                if not by_hash:
+                    return  # another backend, up to date, answers it
                 block = self.upstream_call("eth_getBlockByHash", [spec["blockHash"], False])
                 if block is None or int(block["number"], 16) > behind:
                     raise _Answer("lagged", error={"code": -32000, "message": "unknown block"})

@@ -6,6 +6,11 @@
 - `settle_watcher_blocks_behind{chain_id,reading}`: how far each reading (`tip`,
   `final`) is behind the head the watcher last saw. A reading stuck while the other
   moves means its ranges are being refused (a logs backend behind, or on a stale fork).
+- `settle_deposits_pending_under_final{chain_id}`: deposits still `source_seen` whose
+  block is under the finality cursor: the reading at finality passed them without
+  confirming them (incomplete logs). Alert on > 0 for more than a few minutes (a reorged
+  one is failed `reorged` within a round or two; one on the canonical chain is a bug or a
+  provider losing logs, and its money is not credited until someone looks).
 - `settle_stray_transfers{chain_id}`: transfers of unknown tokens kept for ops.
 - `settle_hot_wallet_payments_in_flight{chain_id}` and
   `settle_hot_wallet_payment_oldest_seconds{chain_id}`: hot-wallet payments signed and
@@ -21,9 +26,11 @@ import sqlalchemy as sa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from services.core.deposits import states
 from services.core.deposits.models import (
     ChainCursor,
     ChainIncident,
+    Deposit,
     HotWalletPayment,
     StrayTransfer,
 )
@@ -64,6 +71,12 @@ class ChainCollector(Collector):
             "Age of the oldest hot-wallet payment in flight (alert when old)",
             labels=["chain_id"],
         )
+        under_final = GaugeMetricFamily(
+            "settle_deposits_pending_under_final",
+            "Deposits still source_seen whose block is under the finality cursor (the "
+            "reading at finality passed them: alert)",
+            labels=["chain_id"],
+        )
         now = utcnow()
         with self._db.reader() as session:
             for chain_id, count, first in session.execute(
@@ -96,11 +109,24 @@ class ChainCollector(Collector):
                 )
                 behind.add_metric([str(cursor.chain_id), "final"], cursor.head + 1 - final)
             for chain_id, count in session.execute(
+                sa.select(ChainCursor.chain_id, sa.func.count())
+                .join(Deposit, Deposit.chain_id == ChainCursor.chain_id)
+                .where(
+                    Deposit.status == states.SOURCE_SEEN,
+                    Deposit.sandbox.is_(False),
+                    ChainCursor.confirmed_block.is_not(None),
+                    Deposit.block_number < ChainCursor.confirmed_block,
+                )
+                .group_by(ChainCursor.chain_id)
+            ):
+                under_final.add_metric([str(chain_id)], count)
+            for chain_id, count in session.execute(
                 sa.select(StrayTransfer.chain_id, sa.func.count()).group_by(StrayTransfer.chain_id)
             ):
                 strays.add_metric([str(chain_id)], count)
         yield incidents
         yield behind
         yield strays
+        yield under_final
         yield in_flight
         yield oldest

@@ -22,7 +22,16 @@ read again later, when:
   behind the head answers `[]` for a range past its head, without an error, but it
   cannot answer for a block hash it has never seen), or its logs asked that way differ
   from the range's. The range is then shortened, so the cursor never passes a block
-  the logs backend had not seen.
+  the logs backend had not seen;
+- a block of the range whose header's `logsBloom` holds the `Transfer` topic and a
+  supported token, but whose range logs have no Transfer of that token, shows other
+  logs (or an error) when asked by its hash: behind a load balancer the range query and
+  the probe of the last block may reach different servers, one behind the other, so the
+  probe proves nothing about the blocks before the last. The range is cut before it.
+  The same logs by hash are a bloom false positive: accepted (one call, no stall).
+A `source_seen` deposit on the canonical chain under the finality cursor (passed by the
+reading at finality: a node without blooms) is logged as an error every round and
+counted by the `settle_deposits_pending_under_final` gauge.
 
 Reorgs. The hash of the last block of every range read is kept (a checkpoint; all of
 them above the finality cursor and 16 under it, then two per power-of-two distance), and
@@ -54,7 +63,14 @@ from services.core.chains import Chain
 from services.core.deposits.addressbook import AddressBook
 from services.core.deposits.detection import Detection, Sighting, number_transfers
 from services.core.deposits.models import ChainCheckpoint, ChainCursor
-from services.core.evm import BlockRef, ChainReader, TransferLog
+from services.core.evm import (
+    TRANSFER_BLOOM,
+    BlockHeader,
+    BlockRef,
+    ChainReader,
+    TransferLog,
+    bloom_mask,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +99,9 @@ class TickResult:
     refused: int = 0
     reorg_from: int | None = None
     incidents: int = 0
+    #: Pending deposits on the canonical chain under the finality cursor: the reading at
+    #: finality passed their block without confirming them (it must not happen).
+    passed_pending: int = 0
 
     @property
     def caught_up(self) -> bool:
@@ -140,6 +159,8 @@ class ChainWatcher:
         self.stray_cap = stray_cap
         #: The chain's token contracts, lowercase: what eth_getLogs asks for.
         self.tokens = sorted({a.token_address.lower() for a in chain.assets})
+        #: Each token's bits in a block's logsBloom.
+        self._token_blooms = [(t, bloom_mask(bytes.fromhex(t[2:]))) for t in self.tokens]
 
     @property
     def chain_id(self) -> int:
@@ -280,10 +301,11 @@ class ChainWatcher:
                     return None
                 end = (start + end) // 2
                 continue
-            heights = {t.block_number for t in logs} | {end}
+            heights = {t.block_number for t in logs} | set(range(start, end + 1))
             if start > 0:
                 heights.add(start - 1)
-            canonical = self.reader.block_hashes(heights)
+            headers = self.reader.block_headers(heights)
+            canonical = {n: h.hash for n, h in headers.items()}
             if canonical.get(end) != tip.hash:
                 return None  # a reorg while the range was read
             for t in logs:
@@ -303,7 +325,52 @@ class ChainWatcher:
             parent = at.checkpoints.get(start - 1)
             if parent is not None and canonical.get(start - 1) != parent:
                 return None  # a reorg under the range: the next round finds its fork
+            gap = self._bloom_gap(start, end, headers, logs)
+            if gap is not None:
+                # The probe of the last block proves nothing about the blocks before it
+                # (a load-balanced provider may send the range to a backend behind and
+                # the probe to one up to date): keep what is proven, read the rest again.
+                if gap == start:
+                    log.warning(
+                        "chain %s: the logs backend has not seen block %s yet (its "
+                        "logsBloom names a supported token's Transfer the logs lack)",
+                        self.chain_id,
+                        gap,
+                    )
+                    return None
+                end = gap - 1
+                continue
             return _Range(start, end, tip, logs)
+        return None
+
+    def _bloom_gap(
+        self, start: int, end: int, headers: dict[int, BlockHeader], logs: list[TransferLog]
+    ) -> int | None:
+        """The first block of the range whose logs may be missing, or None.
+
+        A block whose `logsBloom` holds the Transfer topic and a supported token's address
+        but whose range logs have no Transfer of that token is asked again by its hash (a
+        node that does not have the block answers an error there, never `[]`). Equal
+        answers: a bloom false positive (a token's Approval and another token's
+        Transfer, say), accepted; else the range logs missed that block.
+        """
+        tokens_at: dict[int, set[str]] = {}
+        for t in logs:
+            tokens_at.setdefault(t.block_number, set()).add(t.token_address)
+        for number in range(start, end + 1):
+            header = headers.get(number)
+            if header is None or header.logs_bloom is None:
+                continue  # a node without blooms: the probe of the last block is all there is
+            bloom = header.logs_bloom
+            if bloom & TRANSFER_BLOOM != TRANSFER_BLOOM:
+                continue
+            have = tokens_at.get(number, set())
+            if all(token in have or bloom & mask != mask for token, mask in self._token_blooms):
+                continue
+            probe = self.reader.block_transfer_logs(header.hash, self.tokens)
+            got = sorted((t.tx_hash, t.log_index) for t in logs if t.block_number == number)
+            if probe is None or sorted((t.tx_hash, t.log_index) for t in probe) != got:
+                return number
         return None
 
     def _deposits_in(self, logs: list[TransferLog]) -> list[Sighting]:
@@ -509,6 +576,19 @@ class ChainWatcher:
                         self.detection.vanish(deposit.id, deposit.block_hash) is not None
                     )
                 continue
+            if number < at.confirmed_block:
+                # Read at finality without its transfer, yet its block is canonical: the
+                # logs of that reading were incomplete. Loud, never silent (the
+                # `settle_deposits_pending_under_final` gauge counts them for ops).
+                result.passed_pending += 1
+                log.error(
+                    "chain %s: deposit %s (block %s) is pending under the finality cursor %s: "
+                    "the reading at finality missed its transfer",
+                    self.chain_id,
+                    deposit.id,
+                    number,
+                    at.confirmed_block,
+                )
             count = min(head - number + 1, deposit.required_confirmations)
             if count != deposit.confirmations:
                 counts[deposit.id] = count
