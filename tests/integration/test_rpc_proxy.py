@@ -18,7 +18,13 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import MethodUnavailable, TransactionNotFound, Web3RPCError
 
-from services.core.evm import TransferLog, Web3ChainReader, connect
+from services.core.evm import (
+    TRANSFER_BLOOM,
+    TransferLog,
+    Web3ChainReader,
+    bloom_mask,
+    connect,
+)
 from services.core.hot_wallet import Erc20TransferExecutor
 from tests.support.evm_chain import EvmChain
 from tests.support.evm_node import EvmNode
@@ -327,6 +333,42 @@ def test_lagging_logs_backend_answers_empty_past_its_head(net: Net) -> None:
     assert [
         log.tx_hash for log in _to(reader.transfer_logs(head - 2, head, [net.token]), net.to)
     ] == txs
+
+
+def test_lagging_range_backend_beside_an_up_to_date_one_for_queries_by_hash(net: Net) -> None:
+    # Given a transfer in the head block
+    tx = net.chain.transfer(net.token, net.payer, net.to, 4)
+    net.chain.mine()
+    head = net.chain.head()
+    head_hash = net.chain.block_hash(head)
+    reader = net.reader()
+    # When range queries reach a backend two blocks behind, queries by hash a fresh one
+    net.proxy.lag(2, by_hash=False)
+    # Then the range is empty without an error, while the block asked by hash has the log
+    assert _to(reader.transfer_logs(head, head, [net.token]), net.to) == []
+    by_hash = reader.block_transfer_logs(head_hash, [net.token])
+    assert by_hash is not None and [log.tx_hash for log in _to(by_hash, net.to)] == [tx]
+    # And by default the by-hash query lags too (the block is unknown: an error, None)
+    net.proxy.lag(2)
+    assert reader.block_transfer_logs(head_hash, [net.token]) is None
+
+
+def test_headers_carry_the_logs_bloom_of_their_transfers(net: Net) -> None:
+    # Given a block with a transfer of the token and a block without
+    net.chain.transfer(net.token, net.payer, net.to, 5)
+    net.chain.mine()
+    net.chain.mine()
+    head = net.chain.head()
+    headers = net.reader().block_headers([head - 1, head])
+    token_bits = bloom_mask(bytes.fromhex(net.token[2:]))
+    # Then the node's logsBloom holds the Transfer topic and the token in the first only
+    # (the watcher's bloom check agrees with a real EVM's blooms)
+    with_transfer, quiet = headers[head - 1].logs_bloom, headers[head].logs_bloom
+    assert with_transfer is not None and quiet is not None
+    assert with_transfer & TRANSFER_BLOOM == TRANSFER_BLOOM
+    assert with_transfer & token_bits == token_bits
+    assert quiet & TRANSFER_BLOOM != TRANSFER_BLOOM
+    assert headers[head].hash == net.chain.block_hash(head)
 
 
 def test_whole_node_behind(net: Net) -> None:
