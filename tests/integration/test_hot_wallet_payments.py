@@ -446,10 +446,15 @@ def test_ops_cannot_credit_or_fail_a_payment_that_may_still_be_mined(pooled: Rig
         assert f"--tx {in_flight}" in refusal or "--tx <" in refusal
         assert "nonce" in refusal
     assert rig.status(deposit_id) == IN_FLIGHT
-    # And crediting it with the payment's own transaction is allowed: it is that payment
+    # And crediting it with the payment's own transaction is refused while that is only
+    # in the node's pool (it could still be dropped or replaced)
+    with pytest.raises(Conflict) as early:
+        parts.ops.credit(deposit_id, in_flight, by="ops-ann", reason="seen in the pool")
+    assert "not mined" in early.value.message and "Wait for the worker" in early.value.message
+    # And allowed once it is mined as deep as the chain's confirmations: it is that payment
+    rig.evm.mine(DEPTH + 1)
     deposit = parts.ops.credit(deposit_id, in_flight, by="ops-ann", reason="seen on chain")
     assert (deposit.status, deposit.credit_tx_hash) == (states.CREDITED, in_flight)
-    rig.evm.mine(DEPTH)
     rig.pipeline(parts).settle_round()
     assert rig.paid() == 69_500_000
     assert rig.credited_events(deposit_id) == 1
@@ -579,7 +584,37 @@ def test_the_ops_command_line_checks_the_chain_and_says_what_to_do(
     assert err.startswith("error: conflict: ") and "may still be mined" in err
     assert in_flight in err and "--tx" in err
     assert rig.status(deposit_id) == IN_FLIGHT
-    # And crediting it with that very transaction works
+    # And crediting it with that very transaction waits until the chain shows it paid
+    code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
+    assert code == 2 and "it is not mined" in capsys.readouterr().err
+    rig.evm.mine(DEPTH + 1)
     code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
     assert code == 0, capsys.readouterr().err
     assert rig.status(deposit_id) == states.CREDITED
+
+
+def test_a_worker_without_the_payer_leaves_an_in_flight_payment_to_one_that_has_it(
+    pooled: Rig,
+) -> None:
+    # Given a payment in flight whose broadcast the node dropped
+    rig = pooled
+    first = rig.deposit(10 * USDC)
+    pipeline = rig.pipeline(rig.parts())
+    rig.proxy.drop_sends(times=None)
+    pipeline.settle_round()
+    # When a worker without the hot wallet (no key or RPC URL, or the chain paused)
+    # polls it
+    bare = deposit_parts(
+        rig.db, rig.registry, settlement=Settlement(rig.registry, payers={}), settings=SETTINGS
+    )
+    rig.pipeline(bare).settle_round()
+    rig.proxy.clear()
+    # Then the payment is not abandoned to review: the worker that has the wallet
+    # re-sends it, and a later payment (the next nonce) is not blocked behind it
+    assert rig.status(first) != states.MANUAL_REVIEW_REQUIRED
+    second = rig.deposit(20 * USDC)
+    for _ in range(12):
+        pipeline.settle_round()
+        rig.evm.mine()
+    assert rig.status(first) == states.CREDITED
+    assert rig.status(second) == states.CREDITED

@@ -64,8 +64,19 @@ class Ops:
     def _payment_allows(self, session: Session, deposit: Deposit, tx_hash: str | None) -> None:
         """Refuse while the deposit's hot-wallet payment may still be mined."""
         payment = payments.open_payment(session, deposit.id)
-        if payment is None or (tx_hash is not None and tx_hash in payment.tx_hashes):
+        if payment is None:
             return
+        if tx_hash is not None and tx_hash in payment.tx_hashes:
+            # Its own transaction: credited by hand only once the chain shows it paid,
+            # else the deposit would read credited while the payment can still fail.
+            unpaid = self._not_paid_by(deposit, payment, tx_hash)
+            if unpaid is None:
+                return
+            raise Conflict(
+                f"deposit {deposit.id}: {tx_hash} is its hot-wallet payment's transaction, "
+                f"but {unpaid}. Wait for the worker to settle it: it credits the deposit "
+                "itself once the transaction is as deep as the chain's confirmations"
+            )
         why = self._still_minable(deposit, payment)
         if why is None:
             return
@@ -105,6 +116,34 @@ class Ops:
         if seen.nonce_used:
             return None
         return "it is not mined, and the wallet's nonce has not passed it"
+
+    def _not_paid_by(self, deposit: Deposit, payment: HotWalletPayment, tx_hash: str) -> str | None:
+        """Why `tx_hash` is not (yet) proof of payment; None when it is mined, succeeded, deep."""
+        payer = self.settlement.payers.get(deposit.dest_chain_id)
+        chain = self.registry.get(deposit.dest_chain_id)
+        if not isinstance(payer, EvmPayer) or chain is None:
+            return (
+                f"there is no node to check it (SETTLE_RPC_URL_{deposit.dest_chain_id} and "
+                "SETTLE_HOT_WALLET_KEY are not both set here)"
+            )
+        try:
+            seen = payer.observe(
+                payment.tx_hashes, payment.nonce, chain.confirmations, payment.signed_block
+            )
+        except Exception as exc:  # cannot prove anything: refuse
+            return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
+        if seen.mined is None:
+            return "it is not mined"
+        tx, status, _ = seen.mined
+        if tx != tx_hash:
+            return f"the payment's mined transaction is {tx}"
+        if status != 1:
+            return "it reverted (status 0)"
+        if seen.confirmations() < chain.confirmations:
+            return (
+                f"it has {seen.confirmations()} of the chain's {chain.confirmations} confirmations"
+            )
+        return None
 
     def credit(self, deposit_id: str, tx_hash: str, *, by: str, reason: str | None) -> Deposit:
         """Ops credited the deposit by hand with `tx_hash` (also days later)."""

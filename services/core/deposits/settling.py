@@ -300,6 +300,19 @@ class Settling:
             route = self.settlement.route_for(deposit)
             order = self._order(deposit)
             if route is None or order is None:
+                if payments.open_payment(session, deposit.id) is not None:
+                    # A signed payment may still be mined: never abandon it because this
+                    # worker cannot watch it (no hot-wallet key or RPC URL here, or its
+                    # chain paused). Review would stop every poll, re-send and
+                    # replacement, and its nonce would then block every later payment.
+                    log.warning(
+                        "deposit %s: its hot-wallet payment is in flight but this worker "
+                        "has no payer for chain %s; leaving it to one that has",
+                        deposit.id,
+                        deposit.dest_chain_id,
+                    )
+                    deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
+                    return None
                 transitions.review(
                     session, deposit, now, f"{states.REVIEW_ROUTE_FAILED}: route gone"
                 )
