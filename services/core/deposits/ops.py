@@ -92,33 +92,10 @@ class Ops:
             "higher fees) and wait until it is as deep as the chain's confirmations"
         )
 
-    def _still_minable(self, deposit: Deposit, payment: HotWalletPayment) -> str | None:
-        """Why the payment may still be mined; None when the chain shows it cannot be."""
-        payer = self.settlement.payers.get(deposit.dest_chain_id)
-        chain = self.registry.get(deposit.dest_chain_id)
-        if not isinstance(payer, EvmPayer) or chain is None:
-            return (
-                f"no node to check it (SETTLE_RPC_URL_{deposit.dest_chain_id} and "
-                "SETTLE_HOT_WALLET_KEY are not both set here)"
-            )
-        try:
-            seen = payer.observe(
-                payment.tx_hashes, payment.nonce, chain.confirmations, payment.signed_block
-            )
-        except Exception as exc:  # cannot prove anything: refuse
-            return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
-        if seen.mined is not None:
-            tx, status, _ = seen.mined
-            return (
-                f"transaction {tx} is mined (status {status}, {seen.confirmations()} of "
-                f"{chain.confirmations} confirmations)"
-            )
-        if seen.nonce_used:
-            return None
-        return "it is not mined, and the wallet's nonce has not passed it"
-
-    def _not_paid_by(self, deposit: Deposit, payment: HotWalletPayment, tx_hash: str) -> str | None:
-        """Why `tx_hash` is not (yet) proof of payment; None when it is mined, succeeded, deep."""
+    def _observe(
+        self, deposit: Deposit, payment: HotWalletPayment
+    ) -> tuple[payments.Observation, int] | str:
+        """(what the chain says of the payment, the chain's depth), or why it cannot be asked."""
         payer = self.settlement.payers.get(deposit.dest_chain_id)
         chain = self.registry.get(deposit.dest_chain_id)
         if not isinstance(payer, EvmPayer) or chain is None:
@@ -132,6 +109,30 @@ class Ops:
             )
         except Exception as exc:  # cannot prove anything: refuse
             return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
+        return seen, chain.confirmations
+
+    def _still_minable(self, deposit: Deposit, payment: HotWalletPayment) -> str | None:
+        """Why the payment may still be mined; None when the chain shows it cannot be."""
+        observed = self._observe(deposit, payment)
+        if isinstance(observed, str):
+            return observed
+        seen, depth = observed
+        if seen.mined is not None:
+            tx, status, _ = seen.mined
+            return (
+                f"transaction {tx} is mined (status {status}, {seen.confirmations()} of "
+                f"{depth} confirmations)"
+            )
+        if seen.nonce_used:
+            return None
+        return "it is not mined, and the wallet's nonce has not passed it"
+
+    def _not_paid_by(self, deposit: Deposit, payment: HotWalletPayment, tx_hash: str) -> str | None:
+        """Why `tx_hash` is not (yet) proof of payment; None when it is mined, succeeded, deep."""
+        observed = self._observe(deposit, payment)
+        if isinstance(observed, str):
+            return observed
+        seen, depth = observed
         if seen.mined is None:
             return "it is not mined"
         tx, status, _ = seen.mined
@@ -139,10 +140,8 @@ class Ops:
             return f"the payment's mined transaction is {tx}"
         if status != 1:
             return "it reverted (status 0)"
-        if seen.confirmations() < chain.confirmations:
-            return (
-                f"it has {seen.confirmations()} of the chain's {chain.confirmations} confirmations"
-            )
+        if seen.confirmations() < depth:
+            return f"it has {seen.confirmations()} of the chain's {depth} confirmations"
         return None
 
     def credit(self, deposit_id: str, tx_hash: str, *, by: str, reason: str | None) -> Deposit:
