@@ -142,6 +142,9 @@ def test_the_keyboard_alone_signs_in_and_moves_around(page: Any, portal: Portal)
     page.keyboard.type("correct horse battery staple")
     page.keyboard.press("Enter")
     page.get_by_role("heading", name="Overview").wait_for()
+    # (The app focuses the heading once the page's data has loaded, not when the heading
+    # first shows: wait for that, or the first Shift+Tab starts from elsewhere.)
+    page.wait_for_function("document.activeElement && document.activeElement.tagName === 'H1'")
     # Then (focus is on the page's heading) Shift+Tab walks back through the header to the
     # navigation, and Enter follows a link
     focused = []
