@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests
 import sqlalchemy as sa
 
-from bench.harness import ROOT, fresh_database, machine
+from bench.harness import ROOT, free_port, fresh_database, machine
 from services.core import outbox
 from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.models import Delivery
@@ -216,6 +216,27 @@ def cpu_seconds(database: str, pids: dict[str, int]) -> dict[str, float]:
     return usage
 
 
+#: The worker's counters the throughput run reports per delivery (not attempts: how often
+#: a delivery was put back, held or paced, which costs a claim and a message each).
+WORKER_COUNTERS = {
+    "settle_webhook_attempts_total": "attempts",
+    "settle_webhook_endpoint_saturated_total": "put back",
+    "settle_webhook_breaker_held_total": "held",
+    "settle_webhook_rate_limited_total": "paced",
+}
+
+
+def worker_counters(port: int) -> dict[str, float]:
+    """The worker's WORKER_COUNTERS, summed over their labels, from its /metrics."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    totals = dict.fromkeys(WORKER_COUNTERS.values(), 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in WORKER_COUNTERS:
+            totals[WORKER_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
@@ -284,6 +305,7 @@ def main() -> int:
         "worker_processes": args.worker_processes,
     }
     procs = SettleProcesses(env, data_dir)
+    worker_metrics_port = free_port()
     try:
         with procs:
             started = [
@@ -301,6 +323,7 @@ def main() -> int:
                     str(args.threads),
                     ready="worker ready",
                     wait=False,
+                    env={"SETTLE_METRICS_PORT": str(worker_metrics_port)},
                 ),
             ]
             for process in started:
@@ -313,8 +336,13 @@ def main() -> int:
             pids = {p.name: p.proc.pid for p in started if p.proc is not None}
             pids["receiver"] = rx.proc.pid
             cpu_before = cpu_seconds("settle_bench_webhooks", pids)
+            counted_before = worker_counters(worker_metrics_port)
             rate, batch_ids = throughput(db, rx, tenant_id, n_events)
             cpu_after = cpu_seconds("settle_bench_webhooks", pids)
+            counted = {
+                name: round((value - counted_before.get(name, 0.0)) / n_events, 3)
+                for name, value in worker_counters(worker_metrics_port).items()
+            }
             per_delivery = {
                 name: round((cpu_after[name] - cpu_before.get(name, 0.0)) * 1000 / n_events, 2)
                 for name in sorted(cpu_after)
@@ -329,6 +357,10 @@ def main() -> int:
                 "  CPU ms per delivery: "
                 + ", ".join(f"{name} {ms}" for name, ms in per_delivery.items())
                 + f" (total {sum(per_delivery.values()):.2f})"
+            )
+            print(
+                "  worker, per delivery: "
+                + ", ".join(f"{name} {value}" for name, value in counted.items())
             )
 
             lat, steady_ids, achieved = latency(db, rx, tenant_id, args.rate, duration)
@@ -355,6 +387,7 @@ def main() -> int:
                 bare_requests_per_s=round(bare, 1),
                 ratio=round(ratio, 3),
                 cpu_ms_per_delivery=per_delivery,
+                worker_per_delivery=counted,
                 latency_rate=round(achieved, 1),
                 latency_p50_ms=round(p50, 2),
                 latency_p99_ms=round(p99, 2),
