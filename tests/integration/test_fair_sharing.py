@@ -161,3 +161,32 @@ def test_first_attempts_are_not_queued_behind_retries(monkeypatch: pytest.Monkey
         broker.close()
     # Then it goes next (give or take the job in hand), not after the remaining retries
     assert retries_after <= 2, recorder.order
+
+
+def test_a_freed_slot_runs_the_next_waiting_delivery_without_a_broker_round_trip(
+    pipeline: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an endpoint answering in 50 ms, which may hold 2 of the worker's 8 threads
+    rx.script("/slowish", Answer.hang(0.05))
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    pipeline.endpoint(tenant_id, rx.url("/slowish"), [events.DEPOSIT_CREDITED])
+    deliverer = pipeline.engine.deliverer
+    queues = deliverer.dispatch
+    sent_on: list[str] = []
+
+    def schedule(delivery_id: str, delay_s: float, **kwargs: Any) -> None:
+        sent_on.append(delivery_id)
+        queues.schedule(delivery_id, delay_s, **kwargs)
+
+    monkeypatch.setattr(queues, "schedule", schedule)
+    parked_before = deliverer.metrics.saturated._value.get()
+    # When 24 events for it arrive at once (most must wait for one of its 2 slots)
+    sent = [pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit(n)) for n in range(24)]
+    for envelope in sent:
+        pipeline.wait_status(envelope["id"], SUCCEEDED, timeout=30)
+    parked = deliverer.metrics.saturated._value.get() - parked_before
+    # Then each waited here and went on in the thread whose attempt freed its slot: a
+    # job through the broker and back (a publish, a consume, an ack) only when a
+    # thread's run of them reached its bound (one attempt deadline, 1 s: ~20 of 50 ms)
+    assert parked >= 10, f"only {parked} deliveries waited for a slot"
+    assert len(sent_on) <= 4, f"{len(sent_on)} sent through the broker for {parked} waiting"
