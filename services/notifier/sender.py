@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from services.notifier import http_wire
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: Bytes of a response body kept in the attempt log.
@@ -366,13 +368,16 @@ class _Origin:
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection (http.client) whose socket we open ourselves."""
+    """One keep-alive HTTP/1.1 connection whose socket we open ourselves (http.client
+    connects it and wraps it in TLS; http_wire speaks HTTP on it)."""
 
-    __slots__ = ("attempt", "http")
+    __slots__ = ("attempt", "host", "http")
 
     def __init__(self, origin: _Origin, policy: _ConnectPolicy, tls: ssl.SSLContext) -> None:
         #: The attempt using the connection (set by each attempt).
         self.attempt: _Attempt | None = None
+        #: The Host header of its requests.
+        self.host = http_wire.host_header(origin.host, origin.port, origin.https)
 
         def create(address: tuple[str, int], timeout: Any, source: Any = None) -> socket.socket:
             attempt = self.attempt
@@ -636,6 +641,7 @@ class Sender:
         """(what the attempt came to, whether the connection may be used again)."""
         http_conn = conn.http
         try:
+            request = http_wire.request_head(conn.host, target, headers, len(body)) + body
             if http_conn.sock is None:
                 http_conn.connect()
             sock = http_conn.sock
@@ -643,25 +649,23 @@ class Sender:
             # here, a new one since it connected); the socket timeout is a backstop.
             attempt.watch(conn, sock)
             sock.settimeout(max(attempt.remaining(), 0.001))
-            http_conn.request("POST", target, body=body, headers=headers)
-            response = http_conn.getresponse()
-            status = response.status
-            prefix = response.read(RESPONSE_PREFIX_BYTES)
+            answer = http_wire.exchange(sock, request, RESPONSE_PREFIX_BYTES)
         except (OSError, http.client.HTTPException, ValueError) as err:
             return SendResult(None, _ms_since(started), _classify(err, attempt)), False
         latency = _ms_since(started)
+        status = answer.status
         # A longer body than we keep is not read: its connection is dropped instead.
-        keep = response.isclosed() and not response.will_close
+        keep = answer.reusable
         # PostgreSQL text refuses NUL: a receiver answering one must not make the
         # attempt unrecordable (it would then be re-sent every lease, forever).
-        text = prefix.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        text = answer.body_prefix.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         if attempt.remaining() <= 0:
             # The answer began in time but did not end in time (cut, or just too slow).
             return SendResult(status, latency, TIMEOUT, text), False
         if 200 <= status < 300:
             return SendResult(status, latency, None, text), keep
         retry_after = (
-            parse_retry_after(response.getheader("Retry-After")) if status in (429, 503) else None
+            parse_retry_after(answer.headers.get("retry-after")) if status in (429, 503) else None
         )
         return SendResult(status, latency, f"http_{status}", text, retry_after), keep
 

@@ -1,0 +1,146 @@
+"""The webhook sender's HTTP/1.1 wire format: the request bytes, and answers framed as
+http.client frames them (which connection may carry the next request, what is kept)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+
+import pytest
+
+from services.notifier.http_wire import Answer, exchange, host_header, request_head
+
+KEEP = 16
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _answer(raw: bytes, *, then_close: bool = True) -> Answer:
+    """exchange() against a peer that reads the request and writes `raw`."""
+    ours, theirs = socket.socketpair()
+
+    def peer() -> None:
+        theirs.recv(65536)
+        theirs.sendall(raw)
+        if then_close:
+            theirs.close()
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    ours.settimeout(5)
+    try:
+        return exchange(ours, b"POST / HTTP/1.1\r\n\r\n", KEEP)
+    finally:
+        thread.join(5)
+        ours.close()
+        if not then_close:
+            theirs.close()
+
+
+def test_the_request_is_one_head_then_the_body() -> None:
+    head = request_head("example.com:8443", "/hook?x=1", {"A": "1", "B": "two"}, 5)
+    assert head == (
+        b"POST /hook?x=1 HTTP/1.1\r\nHost: example.com:8443\r\nA: 1\r\nB: two\r\n"
+        b"Content-Length: 5\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize("target", ["/a b", "/a\r\nX: y", "/\x00", "/\x7f"])
+def test_a_target_that_could_split_the_request_is_refused(target: str) -> None:
+    with pytest.raises(ValueError):
+        request_head("h", target, {}, 0)
+
+
+@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "a\nb", "a\rb"])
+def test_a_header_with_a_line_break_is_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        request_head("h", "/", {"X": value}, 0)
+
+
+def test_host_header_brackets_ipv6_and_drops_default_ports() -> None:
+    assert host_header("example.com", 443, https=True) == "example.com"
+    assert host_header("example.com", 80, https=False) == "example.com"
+    assert host_header("example.com", 80, https=True) == "example.com:80"
+    assert host_header("::1", 8080, https=False) == "[::1]:8080"
+
+
+def test_a_short_body_with_its_length_is_kept_and_the_connection_reusable() -> None:
+    answer = _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", then_close=False)
+    assert (answer.status, answer.body_prefix, answer.reusable) == (200, b"ok", True)
+
+
+def test_a_body_longer_than_kept_is_cut_and_the_connection_dropped() -> None:
+    answer = _answer(b"HTTP/1.1 500 X\r\nContent-Length: 40\r\n\r\n" + b"x" * 40)
+    assert (answer.status, answer.body_prefix, answer.reusable) == (500, b"x" * KEEP, False)
+
+
+def test_a_body_shorter_than_its_length_is_kept_but_the_connection_dropped() -> None:
+    answer = _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    assert (answer.status, answer.body_prefix, answer.reusable) == (200, b"abc", False)
+
+
+def test_a_body_until_close_is_never_reusable() -> None:
+    answer = _answer(b"HTTP/1.1 200 OK\r\n\r\nhello")
+    assert (answer.body_prefix, answer.reusable) == (b"hello", False)
+
+
+def test_chunked_bodies_within_and_beyond_what_is_kept() -> None:
+    whole = _answer(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n"
+        b"Trailer: t\r\n\r\n",
+        then_close=False,
+    )
+    assert (whole.body_prefix, whole.reusable) == (b"abcde", True)
+    cut = _answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n14\r\n" + b"y" * 20)
+    assert (cut.body_prefix, cut.reusable) == (b"y" * KEEP, False)
+
+
+def test_no_body_statuses_and_a_skipped_100_continue() -> None:
+    answer = _answer(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n", then_close=False
+    )
+    assert (answer.status, answer.body_prefix, answer.reusable) == (204, b"", True)
+    assert answer.headers["x-a"] == "1"
+
+
+def test_a_receiver_asking_to_close_gets_its_connection_closed() -> None:
+    answer = _answer(b"HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n")
+    assert answer.reusable is False
+    old = _answer(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert old.reusable is False
+    kept = _answer(
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+        then_close=False,
+    )
+    assert kept.reusable is True
+
+
+def test_headers_are_read_case_blind_first_value_kept_folded_lines_joined() -> None:
+    answer = _answer(
+        b"HTTP/1.1 429 Slow\r\nRetry-After: 7\r\nretry-after: 9\r\nX-Long: a\r\n b\r\n"
+        b"no colon here\r\nContent-Length: 0\r\n\r\n"
+    )
+    assert answer.headers["retry-after"] == "7"
+    assert answer.headers["x-long"] == "a b"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"", http.client.RemoteDisconnected),
+        (b"SMTP ready\r\n\r\n", http.client.BadStatusLine),
+        (b"HTTP/1.1 20 OK\r\n\r\n", http.client.BadStatusLine),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", http.client.HTTPException),
+        (b"HTTP/1.1 200 " + b"x" * 70000 + b"\r\n\r\n", http.client.LineTooLong),
+        (CHUNKED + b"zz\r\n", ValueError),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+            http.client.IncompleteRead,
+        ),
+    ],
+)
+def test_answers_that_are_not_http_raise_http_clients_errors(
+    raw: bytes, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        _answer(raw)
