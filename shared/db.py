@@ -6,16 +6,20 @@ config and keeps it on the app (`app.extensions`) or passes it down.
 
 from __future__ import annotations
 
+import json
 import logging
 import select
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.types.json
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, SessionTransaction, make_transient_to_detached, sessionmaker
@@ -191,6 +195,62 @@ def execute_many(
             if not cur.nextset():
                 break
     return returned
+
+
+def json_rows_insert(table: sa.Table, columns: Sequence[str]) -> postgresql.Insert:
+    """`INSERT INTO table (columns) SELECT columns FROM json_populate_recordset(NULL::table,
+    :rows)`: many rows in one statement, sent as one JSON array of objects keyed by column
+    (`execute_json_rows`). Add ON CONFLICT / RETURNING as to any PostgreSQL insert.
+
+    A batch is then one statement, parsed and planned once whatever its size, where
+    `execute_many` costs the client and the server a statement per row; and the rows
+    are encoded by the json module's C encoder, where array binds (`unnest`) are dumped
+    element by element in Python. Columns not listed get their server default (no
+    Python-side default applies); a listed column whose value is None (or absent) is NULL.
+    """
+    rows = sa.select(*[sa.column(c) for c in columns]).select_from(
+        sa.func.json_populate_recordset(
+            sa.literal_column(f"NULL::{table.fullname}"), sa.bindparam("rows", type_=sa.JSON)
+        )
+    )
+    return postgresql.insert(table).from_select(list(columns), rows, include_defaults=False)
+
+
+def _json_value(value: Any) -> Any:
+    """What `execute_json_rows` sends for a value JSON has no type for: the text
+    PostgreSQL reads back as the column's value."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, psycopg.types.json.Json | psycopg.types.json.Jsonb):
+        return value.obj
+    raise TypeError(f"{type(value).__name__} is not a column value execute_json_rows can send")
+
+
+#: JSON for `execute_json_rows`: ASCII, so whatever the connection's encoding.
+_JSON_ROWS = json.JSONEncoder(default=_json_value)
+
+
+def execute_json_rows(
+    session: Session, statement: DriverStatement, rows: Sequence[Mapping[str, Any]]
+) -> list[tuple[Any, ...]]:
+    """Run a statement built on `json_rows_insert` once for all `rows` (dicts keyed by
+    column), in the session's transaction on its driver connection (pending ORM changes
+    flushed first). Values as psycopg would take them: str, int, bool, None, Decimal,
+    timezone-aware datetimes (a naive one is read in the server's zone), and lists or
+    dicts for JSON columns (bare or wrapped in Json/Jsonb); floats go as their repr.
+    Returns what RETURNING gave (a row skipped, e.g. by ON CONFLICT DO NOTHING, adds
+    nothing)."""
+    if not rows:
+        return []
+    payload = _JSON_ROWS.encode(
+        [{name: value for name, value in row.items() if value is not None} for row in rows]
+    )
+    conn = driver_connection(session)
+    with conn.cursor() as cur:
+        cur.execute(statement.sql, statement.bind({"rows": payload}))
+        return cur.fetchall() if cur.description is not None else []
 
 
 def driver_connection(session: Session) -> Any:

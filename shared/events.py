@@ -111,6 +111,15 @@ def envelope(
     }
 
 
+#: `json.dumps(event, separators=(",", ":"), ensure_ascii=False)`, its encoder built once.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encode(event: dict[str, Any]) -> bytes:
     """The exact body bytes: compact JSON, key order as built. Signed and stored as-is."""
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _ENCODER.encode(event).encode("utf-8")
+
+
+def encode_text(event: dict[str, Any]) -> str:
+    """`encode(event)` as text (what the outbox stores)."""
+    return _ENCODER.encode(event)

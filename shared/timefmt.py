@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 
 def utcnow() -> datetime:
@@ -11,12 +12,21 @@ def utcnow() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+@lru_cache(maxsize=1024)
 def iso_ms(value: datetime) -> str:
-    """Render `2026-11-21T04:11:28.123Z`."""
+    """Render `2026-11-21T04:11:28.123Z`.
+
+    Cached: a pure function of the instant, and a batch of documents shares its few
+    timestamps (the chain watcher renders thousands a block).
+    """
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     value = value.astimezone(UTC)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    if value.year < 1000:
+        # isoformat pads the year to four digits; strftime's %Y may not (glibc does not).
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    # The same text as the strftime above, for half the CPU.
+    return value.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_iso(text: str) -> datetime:

@@ -10,16 +10,16 @@ commit).
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from services.core.models import OutboxEvent
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events, logs
-from shared.db import database_of, execute_many
+from shared.db import database_of, execute_json_rows, json_rows_insert
 from shared.timefmt import parse_iso, utcnow
 
 __all__ = ["NOTIFY_CHANNEL", "emit", "emit_many"]
@@ -33,6 +33,12 @@ _COLUMNS = ("event_id", "event_type", "tenant_id", "body", "created_at", "reques
 INSERT_EVENT = _OUTBOX.insert().values(
     {column: sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS}
 )
+
+
+@lru_cache(maxsize=64)
+def _stored_time(created_at: str) -> datetime:
+    # The envelope's createdAt as stored; a batch of events shares one.
+    return parse_iso(created_at)
 
 
 def event_row(
@@ -55,8 +61,8 @@ def event_row(
         "event_id": envelope["id"],
         "event_type": event_type,
         "tenant_id": tenant_id,
-        "body": events.encode(envelope).decode("utf-8"),
-        "created_at": parse_iso(envelope["createdAt"]),
+        "body": events.encode_text(envelope),
+        "created_at": _stored_time(envelope["createdAt"]),
         "request_id": logs.request_id(),
     }
     return envelope, row
@@ -85,10 +91,10 @@ def emit(
     return envelope
 
 
-#: INSERT_EVENT skipping a durable event id already written; returns the ids it wrote.
-INSERT_NEW_EVENT = (
-    pg_insert(_OUTBOX)
-    .values({column: sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS})
+#: INSERT_EVENT for many rows in one statement (`shared.db.json_rows_insert`), skipping
+#: a durable event id already written; returns the ids it wrote.
+INSERT_NEW_EVENTS = (
+    json_rows_insert(_OUTBOX, _COLUMNS)
     .on_conflict_do_nothing(index_elements=["event_id"])
     .returning(_OUTBOX.c.event_id)
 )
@@ -99,15 +105,15 @@ def emit_many(session: Session, rows: list[dict[str, Any]]) -> int:
 
     Unlike `emit`, a durable event id already present is skipped, not an error: bulk
     steps (the watcher recording a block's deposits) cannot take a savepoint per row.
-    Returns how many rows were written.
+    One statement for all the rows. Returns how many rows were written.
     """
     if not rows:
         return 0
     db = database_of(session)
     assert db is not None, "emit_many needs a session of a shared.db.Database"
     statement = db.attachment(
-        "outbox.insert_new_event", lambda d: d.driver_statement(INSERT_NEW_EVENT)
+        "outbox.insert_new_events", lambda d: d.driver_statement(INSERT_NEW_EVENTS)
     )
-    written = execute_many(session, statement, rows)
+    written = execute_json_rows(session, statement, rows)
     request_wakeup(session)
     return len(written)

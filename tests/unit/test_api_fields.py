@@ -1,7 +1,7 @@
 """Shared API pieces: addresses, cursors, error messages, timestamps, ids."""
 
 import base64
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -122,6 +122,25 @@ def test_timestamps_have_milliseconds_and_z() -> None:
     moment = datetime(2026, 11, 21, 4, 11, 28, 123456, tzinfo=UTC)
     assert iso_ms(moment) == "2026-11-21T04:11:28.123Z"
     assert parse_iso("2026-11-21T04:11:28.123Z") == moment.replace(microsecond=123000)
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 11, 21, 4, 11, 28, 999999, tzinfo=UTC),
+        datetime(2026, 1, 1, 0, 0, 0, 0, tzinfo=UTC),
+        datetime(2026, 1, 1, 3, 30, 0, 500, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2026, 6, 1, 12, 0, 0, 1000),
+        datetime(1000, 1, 1, 0, 0, 0, 1999, tzinfo=UTC),
+        datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ],
+)
+def test_iso_ms_is_the_strftime_rendering(moment: datetime) -> None:
+    """iso_ms renders through isoformat (faster); the text is the strftime one it replaced."""
+    utc = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    expected = utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    assert iso_ms(moment) == expected
 
 
 def test_ids_are_prefixed_and_time_ordered() -> None:

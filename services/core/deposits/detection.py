@@ -22,7 +22,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
-from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
@@ -45,7 +44,13 @@ from services.core.deposits.serialize import deposit_document
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
-from shared.db import Database, database_of, execute_many, is_unique_violation
+from shared.db import (
+    Database,
+    database_of,
+    execute_json_rows,
+    is_unique_violation,
+    json_rows_insert,
+)
 from shared.ids import new_id
 from shared.timefmt import utcnow
 
@@ -75,10 +80,10 @@ def checksum(address: str) -> str:
 
 
 def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:
-    """New deposits, skipping transfers recorded already; returns the ids written."""
+    """New deposits (given column-wise), skipping transfers recorded already; returns the
+    ids written."""
     return (
-        pg_insert(_DEPOSITS)
-        .values({c: sa.bindparam(c, type_=_DEPOSITS.c[c].type) for c in columns})
+        json_rows_insert(_DEPOSITS, columns)
         .on_conflict_do_nothing(
             index_elements=list(TRANSFER_IDENTITY), index_where=sa.text(LIVE_SOURCE)
         )
@@ -563,16 +568,12 @@ class Detection:
         assert db is not None
         columns = tuple(rows[0][1])
         statement = db.attachment(
-            f"deposits.insert_new:{','.join(columns)}",
+            f"deposits.insert_new_many:{','.join(columns)}",
             lambda d: d.driver_statement(_insert_new_deposits(columns)),
         )
         inserted = {
             returned[0]
-            for returned in execute_many(
-                session,
-                statement,
-                [{**row, "failed_providers": Jsonb(row["failed_providers"])} for _, row in rows],
-            )
+            for returned in execute_json_rows(session, statement, [row for _, row in rows])
         }
         opened = {key: row["id"] for key, row in rows if row["id"] in inserted}
         self._emit(
