@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.rows
 import psycopg.types.json
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -250,6 +251,15 @@ def execute_json_rows(
     conn = driver_connection(session)
     with conn.cursor() as cur:
         cur.execute(statement.sql, statement.bind({"rows": payload}))
+        return cur.fetchall() if cur.description is not None else []
+
+
+def driver_rows(conn: Any, statement: DriverStatement, values: Mapping[str, Any]) -> list[Any]:
+    """Run a DriverStatement once on a driver connection (`driver_connection(session)`,
+    `driver_autocommit()`); its rows as named tuples (read by attribute, as SQLAlchemy's
+    rows are), [] for a statement that returns none."""
+    with conn.cursor(row_factory=psycopg.rows.namedtuple_row) as cur:
+        cur.execute(statement.sql, statement.bind(values))
         return cur.fetchall() if cur.description is not None else []
 
 

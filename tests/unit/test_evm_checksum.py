@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import threading
 
+from eth_hash.auto import keccak as keccak_256
 from eth_utils import to_checksum_address
 
-from services.core.evm import checksum
+from services.core.evm import _keccak, checksum
 
 
 def test_checksum_agrees_with_eth_utils_whatever_the_case_given() -> None:
@@ -17,3 +19,22 @@ def test_checksum_agrees_with_eth_utils_whatever_the_case_given() -> None:
         assert checksum(lower) == expected
         assert checksum("0x" + lower[2:].upper()) == expected
         assert checksum(expected) == expected
+
+
+def test_the_fast_keccak_is_keccak256_on_every_thread() -> None:
+    """The checksum's keccak (pycryptodome's C functions, one state per thread) gives
+    eth_hash's digest for any length, whichever thread asks."""
+    rng = random.Random(7)
+    inputs = [rng.randbytes(n) for n in (0, 1, 20, 40, 135, 136, 137, 300) for _ in range(20)]
+    expected = [keccak_256(data) for data in inputs]
+    assert [_keccak(data) for data in inputs] == expected
+    answers: list[list[bytes]] = []
+    threads = [
+        threading.Thread(target=lambda: answers.append([_keccak(d) for d in inputs]))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [expected] * 4

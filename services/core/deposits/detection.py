@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from types import SimpleNamespace
@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from services.core import outbox
 from services.core.amounts import token_units
-from services.core.chains import Chain, ChainRegistry
+from services.core.chains import Asset, Chain, ChainRegistry
 from services.core.deposits import states, store, transitions
 from services.core.deposits.models import (
     LIVE_SOURCE,
@@ -46,7 +46,10 @@ from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
 from shared.db import (
     Database,
+    DriverStatement,
     database_of,
+    driver_connection,
+    driver_rows,
     execute_json_rows,
     is_unique_violation,
     json_rows_insert,
@@ -89,6 +92,116 @@ def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:
         )
         .returning(_DEPOSITS.c.id)
     )
+
+
+#: What a deposit event's document reads (`deposit_document`), and the tenant.
+_DOCUMENT_COLUMNS = (
+    "id",
+    "tenant_id",
+    "account_id",
+    "external_user_id",
+    "status",
+    "chain_id",
+    "deposit_address",
+    "asset",
+    "token_address",
+    "decimals",
+    "amount_raw",
+    "amount_usd",
+    "fee_usd",
+    "net_usd",
+    "source_tx_hash",
+    "log_index",
+    "from_address",
+    "block_number",
+    "block_hash",
+    "confirmations",
+    "required_confirmations",
+    "dest_chain_id",
+    "dest_address",
+    "dest_token_address",
+    "route",
+    "credit_tx_hash",
+    "failure_reason",
+    "review_reason",
+    "sandbox",
+    "created_at",
+    "updated_at",
+    "confirmed_at",
+    "credited_at",
+)
+
+
+def _array(name: str) -> sa.BindParameter[list[str]]:
+    return sa.bindparam(name, type_=ARRAY(sa.String()))
+
+
+#: Live deposits of some transactions (`Detection._live`).
+_LIVE = sa.select(
+    *[
+        _DEPOSITS.c[c]
+        for c in (
+            "id",
+            "status",
+            "asset",
+            "source_tx_hash",
+            "token_address",
+            "deposit_address",
+            "transfer_seq",
+            "block_number",
+            "block_hash",
+            "log_index",
+            "required_confirmations",
+        )
+    ]
+).where(
+    _DEPOSITS.c.chain_id == sa.bindparam("chain_id"),
+    _DEPOSITS.c.source_tx_hash == sa.any_(_array("tx_hashes")),
+    _DEPOSITS.c.source_vanished_at.is_(None),
+)
+
+#: Accounts of deposit addresses (`Detection._open`).
+_ACCOUNTS = (
+    sa.select(
+        DepositAddress.address,
+        DepositAccount.pk,
+        DepositAccount.id,
+        DepositAccount.tenant_id,
+        DepositAccount.external_user_id,
+        DepositAccount.dest_chain_id,
+        DepositAccount.dest_address,
+        DepositAccount.dest_token_address,
+    )
+    .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
+    .where(
+        DepositAddress.chain_id == sa.bindparam("chain_id"),
+        DepositAddress.address == sa.any_(_array("addresses")),
+    )
+)
+
+#: Pending deposits of a supported token confirmed at finality; their documents.
+_CONFIRM = (
+    sa.update(_DEPOSITS)
+    .where(
+        _DEPOSITS.c.id == sa.any_(_array("ids")),
+        _DEPOSITS.c.status == states.SOURCE_SEEN,
+        _DEPOSITS.c.asset.is_not(None),
+    )
+    .values(
+        status=states.SOURCE_CONFIRMED,
+        confirmations=sa.bindparam("head", type_=sa.BigInteger()) - _DEPOSITS.c.block_number + 1,
+        confirmed_at=sa.bindparam("now", type_=_DEPOSITS.c.confirmed_at.type),
+        updated_at=sa.bindparam("now", type_=_DEPOSITS.c.updated_at.type),
+    )
+    .returning(*[_DEPOSITS.c[c] for c in _DOCUMENT_COLUMNS])
+)
+
+
+def _statement(session: Session, name: str, statement: sa.Executable) -> DriverStatement:
+    """`statement` compiled once for the session's database (see DriverStatement)."""
+    db = database_of(session)
+    assert db is not None
+    return db.attachment(f"deposits.{name}", lambda d: d.driver_statement(statement))
 
 
 def _any(values: Iterable[str]) -> sa.BindParameter[list[str]]:
@@ -315,6 +428,9 @@ class Recorded:
     moved: int = 0
     #: The live deposit of each sighting's transfer: id and status.
     deposits: dict[Key, tuple[str, str]] | None = None
+    #: Those of a token the chain does not support (recorded before the watcher left
+    #: such transfers out): ids.
+    unsupported: set[str] = field(default_factory=set)
 
 
 class Detection:
@@ -352,11 +468,14 @@ class Detection:
         existing = self._live(session, chain.chain_id, {s.transfer.tx_hash for s in sightings})
         fresh: list[Sighting] = []
         for s in sightings:
-            row = existing.get(s.key)
+            key = s.key
+            row = existing.get(key)
             if row is None:
                 fresh.append(s)
                 continue
-            result.deposits[s.key] = (row.id, row.status)
+            result.deposits[key] = (row.id, row.status)
+            if row.asset is None:
+                result.unsupported.add(row.id)
             if row.block_hash != s.transfer.block_hash or row.log_index != s.transfer.log_index:
                 self._move(session, chain, row, s, head, now)
                 result.moved += 1
@@ -378,24 +497,14 @@ class Detection:
         if not pending:
             return 0
         now = self.clock()
-        confirmed = list(
-            session.execute(
-                sa.update(_DEPOSITS)
-                .where(
-                    _DEPOSITS.c.id == sa.any_(_any(pending)),
-                    _DEPOSITS.c.status == states.SOURCE_SEEN,
-                    _DEPOSITS.c.asset.is_not(None),
-                )
-                .values(
-                    status=states.SOURCE_CONFIRMED,
-                    confirmations=head - _DEPOSITS.c.block_number + 1,
-                    confirmed_at=now,
-                    updated_at=now,
-                )
-                .returning(*_DEPOSITS.c)
-            )
+        confirmed = driver_rows(
+            driver_connection(session),
+            _statement(session, "confirm", _CONFIRM),
+            {"ids": pending, "head": head, "now": now},
         )
         self._emit(session, confirmed, states.SOURCE_CONFIRMED, now)
+        if not recorded.unsupported.intersection(pending):
+            return len(confirmed)
         # Deposits of unsupported tokens recorded before the watcher left them out.
         for deposit in session.scalars(
             sa.select(Deposit)
@@ -447,23 +556,10 @@ class Detection:
         return max(result.rowcount, 0)  # type: ignore[attr-defined]
 
     def _live(self, session: Session, chain_id: int, tx_hashes: set[str]) -> dict[Key, Any]:
-        rows = session.execute(
-            sa.select(
-                Deposit.id,
-                Deposit.status,
-                Deposit.source_tx_hash,
-                Deposit.token_address,
-                Deposit.deposit_address,
-                Deposit.transfer_seq,
-                Deposit.block_number,
-                Deposit.block_hash,
-                Deposit.log_index,
-                Deposit.required_confirmations,
-            ).where(
-                Deposit.chain_id == chain_id,
-                Deposit.source_tx_hash == sa.any_(_any(sorted(tx_hashes))),
-                Deposit.source_vanished_at.is_(None),
-            )
+        rows = driver_rows(
+            driver_connection(session),
+            _statement(session, "live", _LIVE),
+            {"chain_id": chain_id, "tx_hashes": sorted(tx_hashes)},
         )
         return {_key_of(row): row for row in rows}
 
@@ -508,31 +604,22 @@ class Detection:
         addresses = sorted({checksum(s.transfer.to_address) for s in fresh})
         accounts = {
             row.address.lower(): row
-            for row in session.execute(
-                sa.select(
-                    DepositAddress.address,
-                    DepositAccount.pk,
-                    DepositAccount.id,
-                    DepositAccount.tenant_id,
-                    DepositAccount.external_user_id,
-                    DepositAccount.dest_chain_id,
-                    DepositAccount.dest_address,
-                    DepositAccount.dest_token_address,
-                )
-                .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
-                .where(
-                    DepositAddress.chain_id == chain.chain_id,
-                    DepositAddress.address == sa.any_(_any(addresses)),
-                )
+            for row in driver_rows(
+                driver_connection(session),
+                _statement(session, "accounts", _ACCOUNTS),
+                {"chain_id": chain.chain_id, "addresses": addresses},
             )
         }
         fee = fee_for(session, chain)
         prices: dict[str, Decimal | None] = {}
+        assets: dict[str, Asset | None] = {}
         rows: list[tuple[Key, dict[str, Any]]] = []
         for s in fresh:
             t = s.transfer
             account = accounts.get(t.to_address.lower())
-            asset = chain.asset_by_token(t.token_address)
+            asset = assets.get(t.token_address)
+            if asset is None and t.token_address not in assets:
+                asset = assets[t.token_address] = chain.asset_by_token(t.token_address)
             if account is None or asset is None:
                 continue
             if asset.symbol not in prices:
@@ -564,12 +651,9 @@ class Detection:
             return {}
         # Another watcher may record the same transfers at the same time: the identity
         # index lets one of them through.
-        db = database_of(session)
-        assert db is not None
         columns = tuple(rows[0][1])
-        statement = db.attachment(
-            f"deposits.insert_new_many:{','.join(columns)}",
-            lambda d: d.driver_statement(_insert_new_deposits(columns)),
+        statement = _statement(
+            session, f"insert_new_many:{','.join(columns)}", _insert_new_deposits(columns)
         )
         inserted = {
             returned[0]
