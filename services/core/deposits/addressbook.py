@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
 from services.core.models import DepositAddress
-from shared.db import Database
+from shared.db import Database, DriverStatement, driver_rows
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,18 @@ RECOUNT_S = 60.0
 def address_key(address: str) -> int:
     """`0x…` (any case) as the int the set holds."""
     return int(address[2:], 16)
+
+
+_TABLE = DepositAddress.__table__
+_COUNT = (
+    sa.select(sa.func.count())
+    .select_from(_TABLE)
+    .where(_TABLE.c.chain_id == sa.bindparam("chain_id"))
+)
+_SINCE = sa.select(_TABLE.c.account_pk, _TABLE.c.address).where(
+    _TABLE.c.chain_id == sa.bindparam("chain_id"),
+    _TABLE.c.account_pk > sa.bindparam("since", type_=sa.BigInteger()),
+)
 
 
 class AddressBook:
@@ -58,6 +71,7 @@ class AddressBook:
         self._recount_due = 0.0
         #: Rows read from the database by the last refresh (for tests and figures).
         self.rows_read = 0
+        self._values = {"chain_id": chain_id}
 
     def __contains__(self, key: int) -> bool:
         return key in self._keys
@@ -67,15 +81,12 @@ class AddressBook:
 
     def refresh(self) -> None:
         """Add addresses created since the last refresh; reload whole when a count differs."""
-        table = DepositAddress.__table__
         now = self._monotonic()
-        with self.db.autocommit() as conn:
+        # The driver's own connection: this runs every round, and SQLAlchemy's result
+        # processing of the rows read again cost more than reading them.
+        with self.db.driver_autocommit() as conn:
             if self._high < 0 or now >= self._recount_due:
-                count = conn.scalar(
-                    sa.select(sa.func.count())
-                    .select_from(table)
-                    .where(table.c.chain_id == self.chain_id)
-                )
+                count = driver_rows(conn, self._statement("count", _COUNT), self._values)[0][0]
                 self._recount_due = now + self.recount_s
                 if count != len(self._keys):
                     if self._high >= 0:
@@ -89,22 +100,22 @@ class AddressBook:
                     return
             self._load(conn, since=self._high - self.overlap_keys)
 
-    def _load(self, conn: sa.Connection, *, since: int) -> None:
-        table = DepositAddress.__table__
+    def _statement(self, name: str, statement: sa.Select[Any]) -> DriverStatement:
+        return self.db.attachment(f"addressbook.{name}", lambda d: d.driver_statement(statement))
+
+    def _load(self, conn: Any, *, since: int) -> None:
         if since < 0:
             self._keys = set()
-        rows = conn.execute(
-            sa.select(table.c.account_pk, table.c.address).where(
-                table.c.chain_id == self.chain_id, table.c.account_pk > since
-            )
-        )
+        statement = self._statement("since", _SINCE)
         read = 0
         keys = self._keys
         high = self._high
-        for pk, address in rows:
-            keys.add(int(address[2:], 16))
-            if pk > high:
-                high = pk
-            read += 1
+        with conn.cursor() as cur:
+            cur.execute(statement.sql, statement.bind({**self._values, "since": since}))
+            for pk, address in cur:
+                keys.add(int(address[2:], 16))
+                if pk > high:
+                    high = pk
+                read += 1
         self._high = high
         self.rows_read = read

@@ -197,6 +197,25 @@ _CONFIRM = (
 )
 
 
+#: Deposits waiting for finality (`Detection.pending`).
+_PENDING = (
+    sa.select(
+        _DEPOSITS.c.id,
+        _DEPOSITS.c.block_number,
+        _DEPOSITS.c.block_hash,
+        _DEPOSITS.c.confirmations,
+        _DEPOSITS.c.required_confirmations,
+    )
+    .where(
+        _DEPOSITS.c.status == states.SOURCE_SEEN,
+        _DEPOSITS.c.chain_id == sa.bindparam("chain_id"),
+        _DEPOSITS.c.sandbox.is_(False),
+    )
+    .order_by(_DEPOSITS.c.block_number, _DEPOSITS.c.id)
+    .limit(sa.bindparam("limit", type_=sa.Integer()))
+)
+
+
 def _statement(session: Session, name: str, statement: sa.Executable) -> DriverStatement:
     """`statement` compiled once for the session's database (see DriverStatement)."""
     db = database_of(session)
@@ -712,25 +731,9 @@ class Detection:
         """Deposits of a chain (not sandbox) waiting for finality, oldest block first:
         id, block_number, block_hash, confirmations, required_confirmations (rows, not
         ORM objects: the watcher looks at up to a thousand every round)."""
-        with self.db.reader() as session:
-            return list(
-                session.execute(
-                    sa.select(
-                        Deposit.id,
-                        Deposit.block_number,
-                        Deposit.block_hash,
-                        Deposit.confirmations,
-                        Deposit.required_confirmations,
-                    )
-                    .where(
-                        Deposit.status == states.SOURCE_SEEN,
-                        Deposit.chain_id == chain_id,
-                        Deposit.sandbox.is_(False),
-                    )
-                    .order_by(Deposit.block_number, Deposit.id)
-                    .limit(limit)
-                )
-            )
+        statement = self.db.attachment("deposits.pending", lambda d: d.driver_statement(_PENDING))
+        with self.db.driver_autocommit() as conn:
+            return driver_rows(conn, statement, {"chain_id": chain_id, "limit": limit})
 
     def settled_above(self, chain_id: int, fork_from: int) -> list[Any]:
         """Deposits past `source_seen` recorded at or above a height (id, status, block)."""
