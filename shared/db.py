@@ -209,9 +209,10 @@ def json_rows_insert(table: sa.Table, columns: Sequence[str]) -> postgresql.Inse
     element by element in Python. Columns not listed get their server default (no
     Python-side default applies); a listed column whose value is None (or absent) is NULL.
     """
+    row_type = postgresql.dialect().identifier_preparer.format_table(table)
     rows = sa.select(*[sa.column(c) for c in columns]).select_from(
         sa.func.json_populate_recordset(
-            sa.literal_column(f"NULL::{table.fullname}"), sa.bindparam("rows", type_=sa.JSON)
+            sa.literal_column(f"NULL::{row_type}"), sa.bindparam("rows", type_=sa.JSON)
         )
     )
     return postgresql.insert(table).from_select(list(columns), rows, include_defaults=False)
@@ -229,8 +230,10 @@ def _json_value(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not a column value execute_json_rows can send")
 
 
-#: JSON for `execute_json_rows`: ASCII, so whatever the connection's encoding.
-_JSON_ROWS = json.JSONEncoder(default=_json_value)
+#: JSON for `execute_json_rows`. Not ASCII-escaped: text goes in the connection's
+#: encoding as a text parameter would (PostgreSQL refuses \u escapes of non-ASCII
+#: characters in a database that is not UTF-8).
+_JSON_ROWS = json.JSONEncoder(default=_json_value, ensure_ascii=False)
 
 
 def execute_json_rows(
@@ -240,9 +243,9 @@ def execute_json_rows(
     column), in the session's transaction on its driver connection (pending ORM changes
     flushed first). Values as psycopg would take them: str, int, bool, None, Decimal,
     timezone-aware datetimes (a naive one is read in the server's zone), and lists or
-    dicts for JSON columns (bare or wrapped in Json/Jsonb); floats go as their repr.
-    Returns what RETURNING gave (a row skipped, e.g. by ON CONFLICT DO NOTHING, adds
-    nothing)."""
+    dicts for JSON columns (bare or wrapped in Json/Jsonb); floats go as their repr
+    (not NaN or infinities). Returns what RETURNING gave (a row skipped, e.g. by ON
+    CONFLICT DO NOTHING, adds nothing)."""
     if not rows:
         return []
     payload = _JSON_ROWS.encode(
