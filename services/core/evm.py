@@ -185,10 +185,11 @@ class _Keccak:
 
     def __init__(self) -> None:
         from Crypto.Hash.keccak import _raw_keccak_lib
-        from Crypto.Util._raw_api import VoidPointer, ffi
+        from Crypto.Util._raw_api import SmartPointer, VoidPointer, ffi
 
         self._lib = _raw_keccak_lib
         self._void_pointer = VoidPointer
+        self._smart_pointer = SmartPointer
         self._ffi = ffi
         self._local = threading.local()
         if self(b"") != keccak_256(b""):
@@ -200,8 +201,10 @@ class _Keccak:
         if self._lib.keccak_init(state.address_of(), 64, 24):
             raise RuntimeError("keccak_init failed")
         out = self._ffi.new("uint8_t[32]")
-        # One state per thread, kept as long as the thread (its C struct is small).
-        self._local.state = made = (state.get(), out, self._ffi.buffer(out), state)
+        # One state per thread, freed with the thread's locals (as pycryptodome frees its
+        # own: keccak_destroy when the pointer's holder goes).
+        owner = self._smart_pointer(state.get(), self._lib.keccak_destroy)
+        self._local.state = made = (owner.get(), out, self._ffi.buffer(out), owner)
         return made
 
     def __call__(self, data: bytes) -> bytes:
