@@ -14,6 +14,7 @@ recorded attempt errors read as before (`connection_error: RemoteDisconnected`, 
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,12 @@ from typing import BinaryIO
 #: Longest status or header line read (as http.client), and most header lines.
 MAX_LINE = 65536
 MAX_HEADERS = 100
+#: Most interim (1xx) answers read before the answer.
+MAX_INTERIM = 16
 #: Statuses whose answer has no body.
 _NO_BODY = frozenset({204, 304})
+#: A chunk's size: hex digits only (int() would take "-1", and read(-1) reads to the end).
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +81,22 @@ def exchange(sock: socket.socket, request: bytes, keep_bytes: int) -> Answer:
 
 
 def _read_answer(reader: BinaryIO, keep_bytes: int) -> Answer:
-    while True:
+    for _ in range(MAX_INTERIM + 1):
         version, status = _status_line(reader)
         headers, close = _headers(reader)
-        if status != 100:
+        # An interim answer (100 Continue, 103 Early Hints, ...) is not the answer: the
+        # real one follows on the same connection. 101 switches protocols: no HTTP after.
+        if not 100 <= status < 200 or status == 101:
             break
+    else:
+        raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers")
+    if status == 101:
+        return Answer(status, headers, b"", False)
     if version == "HTTP/1.0":
-        close = headers.get("connection", "").lower() != "keep-alive" and (
-            "keep-alive" not in headers
+        close = close or (
+            headers.get("connection", "").lower() != "keep-alive" and "keep-alive" not in headers
         )
-    if status in _NO_BODY or 100 <= status < 200:
+    if status in _NO_BODY:
         return Answer(status, headers, b"", not close)
     read = reader.read
     if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -110,13 +121,14 @@ def _status_line(reader: BinaryIO) -> tuple[str, int]:
     if len(parts) < 2 or not parts[0].startswith("HTTP/"):
         raise http.client.BadStatusLine(text)
     code = parts[1]
-    if len(code) != 3 or not code.isdigit() or not 100 <= int(code) <= 999:
+    if len(code) != 3 or not (code.isascii() and code.isdigit()) or int(code) < 100:
         raise http.client.BadStatusLine(text)
     return parts[0], int(code)
 
 
 def _headers(reader: BinaryIO) -> tuple[dict[str, str], bool]:
-    """Headers (first value of each name) and whether the receiver asked to close."""
+    """Headers (first value of each name) and whether the receiver asked to close (also
+    when it sent two different Content-Lengths: which one frames the body is unknown)."""
     headers: dict[str, str] = {}
     close = False
     last = ""
@@ -138,7 +150,8 @@ def _headers(reader: BinaryIO) -> tuple[dict[str, str], bool]:
         value = value.strip()
         if last == "connection" and "close" in (t.strip().lower() for t in value.split(",")):
             close = True
-        headers.setdefault(last, value)
+        if headers.setdefault(last, value) != value and last == "content-length":
+            close = True
     raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
 
 
@@ -160,7 +173,10 @@ def _chunked(reader: BinaryIO, keep_bytes: int) -> tuple[bytes, bool]:
         line = reader.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             raise http.client.LineTooLong("chunk size")
-        size = int(line.split(b";", 1)[0], 16)  # ValueError: not a chunk size
+        size_text = line.split(b";", 1)[0].strip()
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            raise http.client.IncompleteRead(b"".join(parts))
+        size = int(size_text, 16)
         if size == 0:
             _headers(reader)  # the trailer
             return b"".join(parts), True

@@ -103,6 +103,25 @@ def test_no_body_statuses_and_a_skipped_100_continue() -> None:
     assert answer.headers["x-a"] == "1"
 
 
+def test_interim_answers_are_skipped_and_a_protocol_switch_is_never_reused() -> None:
+    hints = _answer(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        then_close=False,
+    )
+    assert (hints.status, hints.body_prefix, hints.reusable) == (200, b"ok", True)
+    switched = _answer(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
+    assert (switched.status, switched.reusable) == (101, False)
+
+
+def test_two_different_lengths_never_leave_the_connection_reusable() -> None:
+    answer = _answer(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\nok",
+        then_close=False,
+    )
+    assert (answer.body_prefix, answer.reusable) == (b"ok", False)
+
+
 def test_a_receiver_asking_to_close_gets_its_connection_closed() -> None:
     answer = _answer(b"HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n")
     assert answer.reusable is False
@@ -132,7 +151,12 @@ def test_headers_are_read_case_blind_first_value_kept_folded_lines_joined() -> N
         (b"HTTP/1.1 20 OK\r\n\r\n", http.client.BadStatusLine),
         (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 " + b"x" * 70000 + b"\r\n\r\n", http.client.LineTooLong),
-        (CHUNKED + b"zz\r\n", ValueError),
+        (CHUNKED + b"zz\r\n", http.client.IncompleteRead),
+        # int() would take these; read(-1) would then read until the receiver stops.
+        (CHUNKED + b"-1\r\n" + b"x" * 100, http.client.IncompleteRead),
+        (CHUNKED + b"+5\r\nhello\r\n0\r\n\r\n", http.client.IncompleteRead),
+        ("HTTP/1.1 2\u00b20 OK\r\n\r\n".encode("utf-8"), http.client.BadStatusLine),
+        (b"HTTP/1.1 103 Hint\r\n\r\n" * 17, http.client.HTTPException),
         (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
             http.client.IncompleteRead,
