@@ -54,10 +54,6 @@ MAX_BOUNCES = 16
 #: The error of an attempt whose delivery another worker took over before it was
 #: recorded (its lease lapsed): the POST happened, its answer decided nothing.
 LEASE_LOST = "lease_lost"
-#: Most waiting deliveries a freed slot sends on through the broker when the thread that
-#: freed it cannot run one itself (more than the one slot: some go to other processes,
-#: some find their endpoint busy again and wait once more).
-WAKE_AT_ONCE = 4
 #: Most waiting deliveries one job's thread runs after its own, each in the slot the one
 #: before freed (bounded, with one attempt deadline of time, as the job's ack waits).
 INLINE_AT_MOST = 64
@@ -278,17 +274,15 @@ class Deliverer:
         return True
 
     def _wake(self, tenant_id: str) -> None:
-        """A slot of the tenant is free: the next delivery waiting for one runs in this
-        thread once its job is done (see deliver), or, when this thread cannot take it,
-        the next few are sent on through the broker."""
+        """A slot of the tenant is free: the next delivery waiting for one runs on this
+        thread once its job is done (see deliver); outside a job, through the broker."""
         can_go = lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)  # noqa: E731
+        taken = self.waiting.take(tenant_id, can_go, 1)
         hand = self._hand
-        if getattr(hand, "open", False) and getattr(hand, "next", None) is None:
-            taken = self.waiting.take(tenant_id, can_go, 1)
-            if taken:
-                hand.next = taken[0]
+        if taken and getattr(hand, "open", False) and getattr(hand, "next", None) is None:
+            hand.next = taken[0]
             return
-        self._send_on(self.waiting.take(tenant_id, can_go, WAKE_AT_ONCE))
+        self._send_on(taken)
 
     def _send_on(self, entries: list[Waiting]) -> None:
         for entry in entries:
