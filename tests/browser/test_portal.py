@@ -20,6 +20,19 @@ from shared import signing
 from tests.browser.conftest import ROLES, Portal, loaded, screenshot, sign_in
 from tests.support.receiver import Answer, Receiver
 
+#: The portal's pages reached from its navigation.
+PAGES = (
+    "/",
+    "/deposits",
+    "/accounts",
+    "/policy",
+    "/endpoints",
+    "/deliveries",
+    "/events",
+    "/keys",
+    "/members",
+)
+
 pytestmark = pytest.mark.browser
 
 #: Navigation each role sees (a portal link's session sees the webhook pages only).
@@ -743,17 +756,7 @@ def test_every_field_is_labelled(page: Any, portal: Portal) -> None:
                         && !el.getAttribute('aria-label'))
           .map(el => el.outerHTML)
     """
-    for route in (
-        "/",
-        "/deposits",
-        "/accounts",
-        "/policy",
-        "/endpoints",
-        "/deliveries",
-        "/events",
-        "/keys",
-        "/members",
-    ):
+    for route in PAGES:
         page.goto(f"/portal/#{route}")
         page.locator("main h1").wait_for()
         page.wait_for_load_state("networkidle")
@@ -844,19 +847,7 @@ def test_every_text_has_aa_contrast(page: Any, portal: Portal, receiver: Receive
     # When an owner opens every page, and the sign-in page is seen signed out
     problems = {"/signin": page.evaluate(LOW_CONTRAST_JS)}
     sign_in(page, portal, "owner")
-    for route in (
-        "/",
-        "/deposits",
-        "/accounts",
-        "/policy",
-        "/endpoints",
-        f"/endpoints/{endpoint_id}",
-        "/deliveries",
-        f"/deliveries/{delivery_id}",
-        "/events",
-        "/keys",
-        "/members",
-    ):
+    for route in (*PAGES, f"/endpoints/{endpoint_id}", f"/deliveries/{delivery_id}"):
         page.goto(f"/portal/#{route}")
         page.locator("main h1").wait_for()
         loaded(page)
