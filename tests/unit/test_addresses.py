@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
 import stat
 from pathlib import Path
 
 import pytest
+from bip_utils import Bip32Secp256k1, EthAddrEncoder
 from eth_account import Account
 from eth_utils import is_checksum_address
 
+from services.core import addresses
 from services.core.addresses import (
     DEV_KEY_FILE,
     AddressDeriver,
@@ -116,3 +119,29 @@ def test_dev_key_file_with_mismatched_halves_is_rejected(tmp_path: Path) -> None
     (tmp_path / DEV_KEY_FILE).write_text(json.dumps({"xprv": xprv, "xpub": other_xpub}))
     with pytest.raises(ValueError, match="does not match"):
         load_or_create_dev_xpub(tmp_path)
+
+
+def test_the_written_out_ckdpub_gives_bip_utils_addresses() -> None:
+    """derive() does BIP32's last step itself (speed); bip-utils' own derivation of the
+    same child gives the same address, for many random chains and indices."""
+    rng = random.Random(32)
+    deriver = AddressDeriver(keys.test_xpub())
+    root = Bip32Secp256k1.FromExtendedKey(keys.test_xpub())
+    for _ in range(300):
+        chain_id, index = rng.randrange(1, 2**31), rng.randrange(0, 2**31)
+        child = root.ChildKey(chain_id).ChildKey(index)
+        expected = EthAddrEncoder.EncodeKey(child.PublicKey().KeyObject())
+        assert deriver.derive(chain_id, index) == expected
+
+
+def test_a_child_the_written_out_step_cannot_make_goes_to_bip_utils(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tweak at or above the curve's order (or a child at infinity) is left to
+    bip-utils: forced here for every child, the addresses stay the same."""
+    deriver = AddressDeriver(keys.test_xpub())
+    expected = [deriver.derive(c, i) for c in CHAIN_IDS for i in INDICES]
+    monkeypatch.setattr(addresses, "_CURVE_ORDER", 0)
+    assert [AddressDeriver(keys.test_xpub()).derive(c, i) for c in CHAIN_IDS for i in INDICES] == (
+        expected
+    )

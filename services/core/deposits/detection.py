@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from services.core import outbox
 from services.core.amounts import token_units
 from services.core.chains import Asset, Chain, ChainRegistry
+from services.core.checksums import checksum
 from services.core.deposits import states, store, transitions
 from services.core.deposits.models import (
     LIVE_SOURCE,
@@ -72,14 +73,6 @@ _DEPOSITS: sa.Table = Deposit.__table__  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from services.core.evm import TransferLog
-
-
-def checksum(address: str) -> str:
-    """evm.checksum, imported when first used: evm imports web3, which the API
-    processes (they import this module for sandbox deposits) must not load."""
-    from services.core.evm import checksum as evm_checksum
-
-    return evm_checksum(address)
 
 
 def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:

@@ -1,4 +1,4 @@
-"""The reader's EIP-55 checksum is eth_utils' (it is a faster copy of the same rule)."""
+"""The EIP-55 checksum is eth_utils' (a faster copy of the same rule), on any thread."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from eth_hash.auto import keccak as keccak_256
 from eth_utils import to_checksum_address
 
-from services.core.evm import _keccak, checksum
+from services.core.checksums import checksum, eip55, keccak
 
 
 def test_checksum_agrees_with_eth_utils_whatever_the_case_given() -> None:
@@ -17,6 +17,7 @@ def test_checksum_agrees_with_eth_utils_whatever_the_case_given() -> None:
         lower = "0x" + rng.randbytes(20).hex()
         expected = to_checksum_address(lower)
         assert checksum(lower) == expected
+        assert eip55(lower) == expected
         assert checksum("0x" + lower[2:].upper()) == expected
         assert checksum(expected) == expected
 
@@ -27,10 +28,10 @@ def test_the_fast_keccak_is_keccak256_on_every_thread() -> None:
     rng = random.Random(7)
     inputs = [rng.randbytes(n) for n in (0, 1, 20, 40, 135, 136, 137, 300) for _ in range(20)]
     expected = [keccak_256(data) for data in inputs]
-    assert [_keccak(data) for data in inputs] == expected
+    assert [keccak(data) for data in inputs] == expected
     answers: list[list[bytes]] = []
     threads = [
-        threading.Thread(target=lambda: answers.append([_keccak(d) for d in inputs]))
+        threading.Thread(target=lambda: answers.append([keccak(d) for d in inputs]))
         for _ in range(4)
     ]
     for thread in threads:
