@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.core import outbox
-from services.core.outbox_wakeup import ATTACHMENT, NOTIFY_CHANNEL, RelayWaker
+from services.core.outbox_wakeup import ATTACHMENT, MIN_GAP_S, NOTIFY_CHANNEL, RelayWaker
 from shared import events
 from shared.db import Database
 from tests.support.pipeline import wait_until
@@ -145,3 +145,30 @@ def test_the_notifier_reconnects_when_its_connection_was_killed(
     with db.transaction() as session:
         _emit(session)
     assert _woken(listener, 2.0)
+
+
+def test_a_burst_of_commits_shares_notifies_and_the_last_one_is_still_covered(
+    db: Database, listener: psycopg.Connection[Any]
+) -> None:
+    """A busy API process: one NOTIFY per `MIN_GAP_S` at most, not one per commit (each
+    costs a thread switch, a round trip and server CPU); the last commit of the burst
+    still gets a NOTIFY sent after it."""
+    notifier = _waker(db)
+    # Given a quiet notifier whose first NOTIFY has been sent
+    notifier.poke()
+    assert _woken(listener, 2.0)
+    wait_until(lambda: notifier.sent == 1, 2, "the first NOTIFY")
+    # When 200 commits' pokes arrive over about 0.2 s (a NOTIFY takes ~0.2 ms: the old
+    # notifier sent nearly one per poke)
+    started = time.monotonic()
+    for _ in range(200):
+        notifier.poke()
+        time.sleep(0.001)
+    burst_s = time.monotonic() - started
+    # Then the last poke is covered by a NOTIFY that started after it
+    wait_until(lambda: not notifier._owed, 2, "the last poke's NOTIFY")
+    wait_until(lambda: notifier.sent >= 2, 2, "the burst's NOTIFYs")
+    # And they were at most one per gap (plus the gap the burst started in)
+    sent = notifier.sent - 1
+    assert sent <= burst_s / MIN_GAP_S + 2, (sent, burst_s)
+    assert sent >= 2
