@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: A pooled connection unused for this long is replaced (a cap on server-side state).
 POOL_RECYCLE_S = 1800
+#: How long a caller waits for a connection when every one is in use (SQLAlchemy's default).
+POOL_TIMEOUT_S = 30.0
 #: Session.info keys: the owning Database; callbacks to run after the commit.
 _DATABASE = "settle.database"
 _AFTER_COMMIT = "settle.after_commit"
@@ -119,19 +123,115 @@ def _check_liveness_on_checkout(engine: Engine) -> None:
             raise
 
 
-def _return_driver_connection(pooled: Any, conn: Any, *, autocommit: bool | None = None) -> None:
-    """Give a driver connection back to the pool idle (autocommit reset), or drop it.
+def _return_driver_connection(pooled: Any, conn: Any) -> None:
+    """Give a driver connection back to the pool idle, or drop it.
 
     Only an idle, live connection goes back: one the server ended, or one a caller left
     inside a transaction, is invalidated, so no later session inherits its state.
     """
     idle = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    if idle and autocommit is not None:
-        conn.autocommit = autocommit
     if idle:
         pooled.close()
     else:
         pooled.invalidate()
+
+
+class AutocommitConnections:
+    """The fast executor's connections: psycopg's own, opened in autocommit and kept so.
+
+    `Database.driver_autocommit` runs the hottest statements (API-key lookup, account
+    creation, the webhook worker's claims and records). Borrowed from SQLAlchemy's pool,
+    each use paid for its checkout and return (events, the reset's rollback, autocommit
+    switched on and off, a rotation through every pooled connection): a tenth of an
+    account creation's CPU. Here a connection is taken from and given back to a stack
+    (the most recently used first, so few connections stay warm), with the same care:
+    at most `size` kept idle and `2 * size` open (the engine's pool_size and
+    max_overflow), a wait of at most POOL_TIMEOUT_S for one, replaced after
+    POOL_RECYCLE_S, and a liveness check on every checkout that costs a poll(2) unless
+    the server has ended the connection (see `_check_liveness_on_checkout`). One left
+    inside a transaction, closed or broken is dropped, never given to the next caller.
+    """
+
+    def __init__(self, url: str, size: int) -> None:
+        self._url = url
+        self._size = max(1, size)
+        self._idle: list[tuple[psycopg.Connection[Any], float]] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(2 * self._size)
+        self._pid = os.getpid()
+        #: Connections a forked child inherited: kept referenced, never used or closed
+        #: (closing one would end the parent's session on the shared socket).
+        self._inherited: list[tuple[psycopg.Connection[Any], float]] = []
+
+    def get(self) -> tuple[psycopg.Connection[Any], float]:
+        """A live autocommit connection and when it was opened; `put` it back."""
+        if not self._slots.acquire(timeout=POOL_TIMEOUT_S):
+            raise sa.exc.TimeoutError(
+                f"no database connection free after {POOL_TIMEOUT_S:.0f} s "
+                f"({2 * self._size} in use)"
+            )
+        try:
+            while True:
+                with self._lock:
+                    self._after_fork()
+                    found = self._idle.pop() if self._idle else None
+                if found is None:
+                    return psycopg.connect(self._url, autocommit=True), time.monotonic()
+                conn, opened = found
+                if time.monotonic() - opened < POOL_RECYCLE_S and _usable(conn):
+                    return found
+                _close_quietly(conn)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def put(self, conn: psycopg.Connection[Any], opened: float) -> None:
+        """Give back a connection `get` gave; kept only if idle, live and wanted."""
+        try:
+            idle = not conn.closed and (
+                conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            )
+            if idle:
+                with self._lock:
+                    if self._pid == os.getpid() and len(self._idle) < self._size:
+                        self._idle.append((conn, opened))
+                        return
+            _close_quietly(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close the idle connections (those in use are closed when given back)."""
+        with self._lock:
+            self._after_fork()
+            idle, self._idle, self._size = self._idle, [], 0
+        for conn, _ in idle:
+            _close_quietly(conn)
+
+    def _after_fork(self) -> None:
+        # Under self._lock. A forked child starts with none of the parent's connections.
+        if self._pid != os.getpid():
+            self._inherited.extend(self._idle)
+            self._idle = []
+            self._pid = os.getpid()
+
+
+def _usable(conn: psycopg.Connection[Any]) -> bool:
+    """False for a connection the server has ended; a ping only when it has sent something."""
+    if conn.closed or conn.broken:
+        return False
+    if not _has_input(conn.fileno()):
+        return True
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    with suppress(psycopg.Error):
+        conn.close()
 
 
 def _has_input(fd: int) -> bool:
@@ -295,6 +395,7 @@ class Database:
         sa.event.listen(self.sessions, "after_soft_rollback", _forget_after_commit)
         self._attachments: dict[str, Any] = {}
         self._attachments_lock = threading.Lock()
+        self._autocommit = AutocommitConnections(self.libpq_url, pool_size)
 
     @property
     def libpq_url(self) -> str:
@@ -321,17 +422,16 @@ class Database:
 
     @contextmanager
     def driver_autocommit(self) -> Iterator[Any]:
-        """A pooled connection's own psycopg connection in autocommit (PostgreSQL).
+        """A psycopg connection in autocommit, from the fast executor's own pool.
 
-        `autocommit()` for hot single-statement reads, without SQLAlchemy's layers.
+        For hot statements that are atomic alone (reads, or one statement that writes
+        everything), without SQLAlchemy's layers (see AutocommitConnections).
         """
-        pooled = self.engine.raw_connection()
-        conn = pooled.driver_connection
+        conn, opened = self._autocommit.get()
         try:
-            conn.autocommit = True
             yield conn
         finally:
-            _return_driver_connection(pooled, conn, autocommit=False)
+            self._autocommit.put(conn, opened)
 
     def driver_statement(self, statement: sa.Executable) -> DriverStatement:
         """`statement` compiled for this engine's driver (see DriverStatement)."""
@@ -394,6 +494,7 @@ class Database:
             close = getattr(attachment, "close", None)
             if close is not None:
                 close()
+        self._autocommit.close()
         self.engine.dispose()
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +13,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+import shared.db
 from shared.db import Database
 from tests.support.pipeline import wait_until
 
@@ -54,17 +58,7 @@ def test_connections_killed_by_the_server_are_replaced_without_a_failed_request(
     old = _backend_pids(db, 2)
     assert len(set(old)) == 2
     # When the server ends both (what a restart or pg_terminate_backend does)
-    with _admin(pg_url) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (old,))
-        wait_until(
-            lambda: (
-                not admin.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (old,)
-                ).fetchone()
-            ),
-            5,
-            "the backends to exit",
-        )
+    _kill(pg_url, old)
     # Then the next requests succeed, on fresh connections
     for _ in range(3):
         with db.transaction() as session:
@@ -93,29 +87,117 @@ def test_a_healthy_checkout_sends_no_ping(db: Database, monkeypatch: pytest.Monk
     assert pings == []
 
 
-@pytest.mark.parametrize("mode", ["driver_autocommit", "driver_transaction"])
-def test_driver_connections_the_server_ended_are_replaced_too(
-    mode: str, db: Database, pg_url: str
-) -> None:
-    # Given a pool holding two idle connections, ended by the server
-    old = _backend_pids(db, 2)
+def _kill(pg_url: str, pids: list[int]) -> None:
+    """End these backends (what a restart or pg_terminate_backend does) and wait for it."""
     with _admin(pg_url) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (old,))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         wait_until(
             lambda: (
                 not admin.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (old,)
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
                 ).fetchone()
             ),
             5,
             "the backends to exit",
         )
-    # Then the hot paths' driver connections are fresh ones, and nothing fails
-    use = getattr(db, mode)
+
+
+def _autocommit_pids(db: Database, n: int) -> list[int]:
+    """Hold `n` of the fast executor's connections at once (so it keeps n); their pids."""
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(db.driver_autocommit()) for _ in range(n)]
+        return [_backend_pid(conn) for conn in conns]
+
+
+def _backend_pid(conn: Any) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_driver_transaction_connections_the_server_ended_are_replaced_too(
+    db: Database, pg_url: str
+) -> None:
+    # Given a pool holding two idle connections, ended by the server
+    old = _backend_pids(db, 2)
+    _kill(pg_url, old)
+    # Then the driver transactions' connections are fresh ones, and nothing fails
     for _ in range(3):
-        with use() as conn:
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None and row[0] not in old
+        with db.driver_transaction() as conn:
+            assert _backend_pid(conn) not in old
+
+
+def test_the_fast_executors_connections_the_server_ended_are_replaced(
+    db: Database, pg_url: str
+) -> None:
+    # Given the fast executor holding two idle connections, ended by the server
+    old = _autocommit_pids(db, 2)
+    assert len(set(old)) == 2
+    _kill(pg_url, old)
+    # Then the next uses get fresh ones, and nothing fails
+    for _ in range(3):
+        with db.driver_autocommit() as conn:
+            assert _backend_pid(conn) not in old
+
+
+def test_the_fast_executor_reuses_a_warm_connection_without_a_ping(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with db.driver_autocommit() as conn:
+        first = _backend_pid(conn)
+    statements: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    for _ in range(20):
+        with db.driver_autocommit() as conn:
+            assert _backend_pid(conn) == first
+    # Only the test's own statements: no ping per checkout
+    assert statements == ["SELECT pg_backend_pid()"] * 20
+
+
+def test_the_fast_executor_opens_at_most_twice_its_size_and_then_waits(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared.db, "POOL_TIMEOUT_S", 0.3)
+    # Given a Database of pool size 2: four connections may be open at once
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(db.driver_autocommit()) for _ in range(4)]
+        assert len({_backend_pid(conn) for conn in held}) == 4
+        # Then a fifth caller waits, and gives up with an error rather than opening more
+        started = time.monotonic()
+        with pytest.raises(sa.exc.TimeoutError), db.driver_autocommit():
+            pass
+        assert time.monotonic() - started >= 0.3
+    # And once they are given back, two stay open for the next callers
+    assert len({pid for pid in _autocommit_pids(db, 2)}) == 2
+
+
+def test_a_forked_child_never_uses_its_parents_connections(db: Database) -> None:
+    # Given a parent whose fast executor holds an idle connection
+    with db.driver_autocommit() as conn:
+        parent_pid = _backend_pid(conn)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its own connection, then exit without cleanup
+        try:
+            with db.driver_autocommit() as conn:
+                os.write(write, str(_backend_pid(conn)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        child_backend = int(answer.read() or 0)
+    os.waitpid(child, 0)
+    # Then the child used a connection of its own
+    assert child_backend and child_backend != parent_pid
+    # And the parent's connection still works, the same session as before
+    with db.driver_autocommit() as conn:
+        assert _backend_pid(conn) == parent_pid
 
 
 def test_a_driver_connection_left_inside_a_transaction_is_not_pooled(db: Database) -> None:
@@ -124,7 +206,7 @@ def test_a_driver_connection_left_inside_a_transaction_is_not_pooled(db: Databas
         assert row is not None
         return int(row[0])
 
-    # Given a connection that goes back to the pool idle: it is used again, reset
+    # Given a connection that goes back to the pool idle: it is used again
     with db.driver_autocommit() as conn:
         first = backend_pid(conn)
     with db.driver_autocommit() as conn:
@@ -133,8 +215,11 @@ def test_a_driver_connection_left_inside_a_transaction_is_not_pooled(db: Databas
     with db.driver_autocommit() as conn:
         conn.execute("BEGIN")
         left = backend_pid(conn)
-    # Then it is dropped, and the next session is a fresh, non-autocommit connection
-    # whose failed work commits nothing
+    # Then it is dropped: the next caller gets another connection, in autocommit
+    with db.driver_autocommit() as conn:
+        assert backend_pid(conn) != left
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # And a session is a non-autocommit connection whose failed work commits nothing
     with pytest.raises(RuntimeError), db.transaction() as session:
         assert session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != left
         session.execute(sa.text("CREATE TABLE leaked_by_autocommit (id int)"))
