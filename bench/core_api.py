@@ -234,7 +234,6 @@ def run(args: argparse.Namespace, url: str) -> int:
         f"core/floor requests/s {', '.join(f'{r:.2f}' for r in to_floor['per_round'])}); "
         f"by CPU per request (floor's host CPU / core's): {to_floor['cpu']:.2f}"
     )
-    figures["to_floor"] = to_floor  # type: ignore[assignment]
     if any(fig["errors"] for fig in figures.values()):
         print("WARNING: some requests failed (non-2xx or socket errors): figures are not valid")
     if args.json:
@@ -244,6 +243,7 @@ def run(args: argparse.Namespace, url: str) -> int:
                     "machine": machine(),
                     "settings": vars(args) | {"json": str(args.json)},
                     "figures": figures,
+                    "to_floor": to_floor,
                 },
                 indent=2,
             )
