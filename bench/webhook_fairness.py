@@ -32,10 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import ROOT, fresh_database, machine
-from bench.webhooks import ReceiverProcess, latency, percentile, wait_received
+from bench.harness import ROOT, free_port, fresh_database, machine
+from bench.webhooks import ReceiverProcess, latency, percentile, wait_received, worker_counters
 from services.core import outbox
 from services.notifier import webhook_endpoints
 from services.notifier.secrets import SecretBox
@@ -137,6 +139,7 @@ def main() -> int:
     figures: dict[str, Any] = {"machine": machine(), "rate": args.rate, "duration_s": duration}
     stop = threading.Event()
     procs = SettleProcesses(env, data_dir)
+    metrics_port = free_port()
     try:
         with procs:
             started = [
@@ -152,6 +155,7 @@ def main() -> int:
                     "16",
                     ready="worker ready",
                     wait=False,
+                    env={"SETTLE_METRICS_PORT": str(metrics_port)},
                 ),
             ]
             for process in started:
@@ -160,12 +164,15 @@ def main() -> int:
             wait_received(fine, set(warm), 60)
             print(f"Webhook fairness on {machine()}")
 
-            quiet, _, quiet_rate = latency(db, fine, healthy, args.rate, duration)
+            counted = worker_counters(metrics_port)
+            quiet, quiet_ids, quiet_rate = latency(db, fine, healthy, args.rate, duration)
+            figures["quiet_worker"] = _since(counted, counted := worker_counters(metrics_port))
             q50, q99 = percentile(quiet, 0.5), percentile(quiet, 0.99)
             print(
                 f"  quiet:   {quiet_rate:5.0f} events/s  p50 {q50:7.1f} ms  p99 {q99:7.1f} ms"
                 f"  max {quiet[-1]:7.1f} ms"
             )
+            figures["quiet_stages"] = stages(db, quiet_ids, fine.stats()["hits"])
 
             sent: list[int] = []
             load = threading.Thread(
@@ -173,7 +180,10 @@ def main() -> int:
             )
             load.start()
             time.sleep(min(10.0, duration / 2))  # the hostile endpoints fill their slots first
-            loud, _, loud_rate = latency(db, fine, healthy, args.rate, duration)
+            counted = worker_counters(metrics_port)
+            loud, loud_ids, loud_rate = latency(db, fine, healthy, args.rate, duration)
+            figures["hostile_worker"] = _since(counted, worker_counters(metrics_port))
+            figures["hostile_stages"] = stages(db, loud_ids, fine.stats()["hits"])
             stop.set()
             load.join(30)
             h50, h99 = percentile(loud, 0.5), percentile(loud, 0.99)
@@ -189,6 +199,18 @@ def main() -> int:
                 f"  max {loud[-1]:7.1f} ms"
             )
             print(f"  p99 hostile / quiet: {ratio:.2f}  (goal <= 2)")
+            for phase in ("quiet", "hostile"):
+                print(
+                    f"  {phase + ':':8} where the time went, p50 / p99 ms: "
+                    + ", ".join(
+                        f"{name} {p50:.1f} / {p99:.1f}"
+                        for name, (p50, p99) in figures[f"{phase}_stages"].items()
+                    )
+                )
+                print(
+                    f"  {phase + ':':8} the worker's counters in the phase: "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in figures[f"{phase}_worker"].items())
+                )
             print(
                 f"  hostile tenant: {sent[0] if sent else 0} events x {HOSTILE_ENDPOINTS}"
                 f" endpoints; requests its receivers saw: {kinds}"
@@ -211,6 +233,47 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+#: The healthy events' path, as its rows stamp it: committed (the outbox row's creation,
+#: just before the commit), published by core's relay, stored by the notifier's consumer,
+#: first attempt started by the worker, received by the receiver.
+_STAGES = sa.text(
+    """
+    SELECT o.event_id, o.created_at, o.published_at, e.received_at, min(a.attempted_at)
+    FROM outbox o
+    JOIN notifier_events e ON e.id = o.event_id
+    JOIN webhook_deliveries d ON d.event_id = e.id
+    JOIN webhook_attempts a ON a.delivery_id = d.id
+    WHERE o.event_id = ANY(:ids)
+    GROUP BY o.event_id, o.created_at, o.published_at, e.received_at
+    """
+)
+
+
+def stages(
+    db: Database, ids: list[str], hits: dict[str, list[float]]
+) -> dict[str, tuple[float, float]]:
+    """p50 and p99 (ms) of each leg of the healthy events' way: relay (commit to
+    published), consume (published to stored), queue (stored to the attempt's start),
+    send (the attempt's start to receipt)."""
+    legs: dict[str, list[float]] = {"relay": [], "consume": [], "queue": [], "send": []}
+    with db.reader() as session:
+        rows = session.execute(_STAGES, {"ids": ids}).all()
+    for event_id, created, published, stored, attempted in rows:
+        received = min(hits[event_id])
+        points = [created.timestamp(), published.timestamp(), stored.timestamp()]
+        points += [attempted.timestamp(), received]
+        for name, start, end in zip(legs, points, points[1:], strict=False):
+            legs[name].append((end - start) * 1000)
+    return {
+        name: (round(percentile(sorted(v), 0.5), 1), round(percentile(sorted(v), 0.99), 1))
+        for name, v in legs.items()
+    }
+
+
+def _since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 def _warm(db: Database, tenant_id: str) -> list[str]:
