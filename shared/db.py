@@ -188,8 +188,10 @@ class AutocommitConnections:
     def put(self, conn: psycopg.Connection[Any], opened: float) -> None:
         """Give back a connection `get` gave; kept only if idle, live and wanted."""
         try:
-            idle = not conn.closed and (
-                conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            idle = (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             )
             if idle:
                 with self._lock:

@@ -228,3 +228,17 @@ def test_a_driver_connection_left_inside_a_transaction_is_not_pooled(db: Databas
         assert (
             session.execute(sa.text("SELECT to_regclass('leaked_by_autocommit')")).scalar() is None
         )
+
+
+def test_a_connection_the_server_ends_while_in_use_is_not_given_back(
+    db: Database, pg_url: str
+) -> None:
+    # Given a caller whose connection the server ends mid-use (its statement fails)
+    with db.driver_autocommit() as conn:
+        lost = _backend_pid(conn)
+        _kill(pg_url, [lost])
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+    # Then the next caller gets a live connection, not the broken one
+    with db.driver_autocommit() as conn:
+        assert _backend_pid(conn) != lost
