@@ -12,6 +12,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, date, datetime
@@ -149,7 +150,11 @@ class AutocommitConnections:
     max_overflow), a wait of at most POOL_TIMEOUT_S for one, replaced after
     POOL_RECYCLE_S, and a liveness check on every checkout that costs a poll(2) unless
     the server has ended the connection (see `_check_liveness_on_checkout`). One left
-    inside a transaction, closed or broken is dropped, never given to the next caller.
+    inside a transaction or out of autocommit, closed or broken is dropped, never given
+    to the next caller. A forked child starts with fresh locks and slots and never
+    uses or closes its parent's connections (closing one would end the parent's
+    session on the shared socket). After `close()` the pool still serves, keeping only
+    connections opened since.
     """
 
     def __init__(self, url: str, size: int) -> None:
@@ -158,10 +163,16 @@ class AutocommitConnections:
         self._idle: list[tuple[psycopg.Connection[Any], float]] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(2 * self._size)
-        self._pid = os.getpid()
         #: Connections a forked child inherited: kept referenced, never used or closed
         #: (closing one would end the parent's session on the shared socket).
         self._inherited: list[tuple[psycopg.Connection[Any], float]] = []
+        #: id() of each connection this process has lent out (a fork starts it empty).
+        self._lent: set[int] = set()
+        #: Connections opened before the last close() are not kept when given back.
+        self._closed_at = -1.0
+        # A forked child gets fresh locks and slots (one held at fork time would be lost).
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
 
     def get(self) -> tuple[psycopg.Connection[Any], float]:
         """A live autocommit connection and when it was opened; `put` it back."""
@@ -173,29 +184,39 @@ class AutocommitConnections:
         try:
             while True:
                 with self._lock:
-                    self._after_fork()
                     found = self._idle.pop() if self._idle else None
                 if found is None:
-                    return psycopg.connect(self._url, autocommit=True), time.monotonic()
-                conn, opened = found
-                if time.monotonic() - opened < POOL_RECYCLE_S and _usable(conn):
-                    return found
-                _close_quietly(conn)
+                    conn, opened = psycopg.connect(self._url, autocommit=True), time.monotonic()
+                else:
+                    conn, opened = found
+                    if not (time.monotonic() - opened < POOL_RECYCLE_S and _usable(conn)):
+                        _close_quietly(conn)
+                        continue
+                with self._lock:
+                    self._lent.add(id(conn))
+                return conn, opened
         except BaseException:
             self._slots.release()
             raise
 
     def put(self, conn: psycopg.Connection[Any], opened: float) -> None:
         """Give back a connection `get` gave; kept only if idle, live and wanted."""
+        with self._lock:
+            if id(conn) not in self._lent:
+                # Lent before a fork: the parent's session; never closed, slot not ours.
+                self._inherited.append((conn, opened))
+                return
+            self._lent.discard(id(conn))
         try:
             idle = (
                 not conn.closed
                 and not conn.broken
+                and conn.autocommit
                 and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             )
             if idle:
                 with self._lock:
-                    if self._pid == os.getpid() and len(self._idle) < self._size:
+                    if opened > self._closed_at and len(self._idle) < self._size:
                         self._idle.append((conn, opened))
                         return
             _close_quietly(conn)
@@ -205,17 +226,22 @@ class AutocommitConnections:
     def close(self) -> None:
         """Close the idle connections (those in use are closed when given back)."""
         with self._lock:
-            self._after_fork()
-            idle, self._idle, self._size = self._idle, [], 0
+            idle, self._idle, self._closed_at = self._idle, [], time.monotonic()
         for conn, _ in idle:
             _close_quietly(conn)
 
-    def _after_fork(self) -> None:
-        # Under self._lock. A forked child starts with none of the parent's connections.
-        if self._pid != os.getpid():
-            self._inherited.extend(self._idle)
-            self._idle = []
-            self._pid = os.getpid()
+    def _forked(self) -> None:
+        # In the child, one thread: none of the parent's connections, locks or slots.
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(2 * self._size)
+        self._inherited.extend(self._idle)
+        self._idle, self._lent = [], set()
+
+
+def _forked(ref: weakref.ref[AutocommitConnections]) -> None:
+    pool = ref()
+    if pool is not None:
+        pool._forked()
 
 
 def _usable(conn: psycopg.Connection[Any]) -> bool:

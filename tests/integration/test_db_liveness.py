@@ -242,3 +242,70 @@ def test_a_connection_the_server_ends_while_in_use_is_not_given_back(
     # Then the next caller gets a live connection, not the broken one
     with db.driver_autocommit() as conn:
         assert _backend_pid(conn) != lost
+
+
+def test_a_connection_given_back_out_of_autocommit_is_not_reused(db: Database) -> None:
+    """Found by review: one given back idle but with autocommit off was kept, and the
+    next caller's single-statement write opened a transaction that was rolled back."""
+    with db.driver_autocommit() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS fast_executor_writes (x int)")
+        conn.execute("TRUNCATE fast_executor_writes")
+        conn.autocommit = False
+    with db.driver_autocommit() as conn:
+        conn.execute("INSERT INTO fast_executor_writes VALUES (1)")
+    with db.driver_autocommit() as conn:
+        assert conn.execute("SELECT count(*) FROM fast_executor_writes").fetchone() == (1,)
+        conn.execute("DROP TABLE fast_executor_writes")
+
+
+def test_after_dispose_the_fast_executor_still_keeps_its_connections(db: Database) -> None:
+    with db.driver_autocommit() as conn:
+        before = _backend_pid(conn)
+    db.dispose()
+    pids = set()
+    for _ in range(3):
+        with db.driver_autocommit() as conn:
+            pids.add(_backend_pid(conn))
+    assert len(pids) == 1 and before not in pids
+
+
+def test_a_child_forked_inside_the_block_leaves_the_parents_session_alone(db: Database) -> None:
+    with db.driver_autocommit() as conn:
+        parent_pid = _backend_pid(conn)
+        child = os.fork()
+    if child == 0:  # the child has left the block (given the connection "back")
+        os._exit(0)
+    os.waitpid(child, 0)
+    # The parent's session survived the child's exit from the block
+    with db.driver_autocommit() as conn:
+        assert _backend_pid(conn) == parent_pid
+
+
+def test_a_child_forked_while_a_slot_is_held_has_all_its_slots(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared.db, "POOL_TIMEOUT_S", 1.0)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.driver_autocommit():
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    child = os.fork()
+    if child == 0:  # all 4 slots of a pool of size 2, at once
+        code = 1
+        try:
+            with contextlib.ExitStack() as stack:
+                for _ in range(4):
+                    stack.enter_context(db.driver_autocommit())
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    done.set()
+    thread.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0
