@@ -128,10 +128,13 @@ def explain(exc: BaseException) -> str | None:
             return str(exc)
     except ImportError:  # pragma: no cover
         pass
+    import psycopg
     import sqlalchemy.exc
 
-    if isinstance(exc, sqlalchemy.exc.OperationalError):
-        first = str(exc.orig or exc).strip().splitlines()[0]
+    # psycopg's own: the fast executor's connections are opened by psycopg directly.
+    if isinstance(exc, sqlalchemy.exc.OperationalError | psycopg.OperationalError):
+        orig = getattr(exc, "orig", None)
+        first = (str(orig or exc).strip().splitlines() or [""])[0]
         return (
             f"cannot reach the database: {first}. Is PostgreSQL running, and is "
             "SETTLE_DATABASE_URL right?"

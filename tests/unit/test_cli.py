@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy.exc
 
@@ -88,6 +89,13 @@ def test_failures_a_person_can_fix_are_one_line() -> None:
         "SELECT 1", {}, Exception('connection to server at "127.0.0.1", port 5432 failed\nmore')
     )
     assert cli.explain(refused) == (
+        'cannot reach the database: connection to server at "127.0.0.1", port 5432 failed. '
+        "Is PostgreSQL running, and is SETTLE_DATABASE_URL right?"
+    )
+    # psycopg's own error too: the fast executor connects through psycopg directly
+    assert cli.explain(
+        psycopg.OperationalError('connection to server at "127.0.0.1", port 5432 failed\nmore')
+    ) == (
         'cannot reach the database: connection to server at "127.0.0.1", port 5432 failed. '
         "Is PostgreSQL running, and is SETTLE_DATABASE_URL right?"
     )
