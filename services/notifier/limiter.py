@@ -171,17 +171,25 @@ class WaitingRoom:
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._by_tenant: dict[str, deque[Waiting]] = {}
+        #: The deliveries waiting here (`_count` of them).
+        self._waiting_ids: set[str] = set()
         self._count = 0
         self._lock = threading.Lock()
 
     def park(self, tenant_id: str, endpoint_id: str, delivery_id: str, bounces: int) -> bool:
-        """Wait for a slot of the tenant; False when the room is full (bounce instead)."""
+        """Wait for a slot of the tenant; False when the room is full (bounce instead).
+
+        A delivery already waiting here is not added twice (True: this job is a repeat,
+        e.g. the sweeper's, which finds waiting deliveries due with no lease)."""
         with self._lock:
+            if delivery_id in self._waiting_ids:
+                return True
             if self._count >= self.max_waiting:
                 return False
             self._by_tenant.setdefault(tenant_id, deque()).append(
                 Waiting(delivery_id, endpoint_id, tenant_id, bounces, self._clock())
             )
+            self._waiting_ids.add(delivery_id)
             self._count += 1
             return True
 
@@ -198,6 +206,7 @@ class WaitingRoom:
                 (taken if can_go(entry.endpoint_id) else kept).append(entry)
             waiting.extendleft(reversed(kept))
             self._count -= len(taken)
+            self._waiting_ids.difference_update(entry.delivery_id for entry in taken)
             if not waiting:
                 del self._by_tenant[tenant_id]
         return taken
@@ -230,6 +239,7 @@ class WaitingRoom:
                 if not waiting:
                     del self._by_tenant[tenant_id]
             self._count -= len(taken)
+            self._waiting_ids.difference_update(entry.delivery_id for entry in taken)
         return taken
 
     def __len__(self) -> int:

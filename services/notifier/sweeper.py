@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -30,8 +30,9 @@ SWEEP_LOCK_KEY = 0x5E77_1E5E
 
 def due_deliveries(
     db: Database, *, grace_s: float, batch: int, now: datetime | None = None
-) -> list[str]:
-    """Ids of deliveries overdue by more than `grace_s` with no live lease, oldest first."""
+) -> list[tuple[str, str, str]]:
+    """(id, endpoint id, tenant id) of deliveries overdue by more than `grace_s` with no
+    live lease, oldest first."""
     now = now or utcnow()
     cutoff = now - timedelta(seconds=grace_s)
     with db.transaction() as session:
@@ -43,18 +44,19 @@ def due_deliveries(
         # Every unfinished delivery has a next_attempt_at (made due now), so the
         # (status, next_attempt_at) index serves this query.
         due_at = Delivery.next_attempt_at
-        return list(
-            session.scalars(
-                sa.select(Delivery.id)
-                .where(
-                    Delivery.status.in_((PENDING, RETRYING)),
-                    due_at <= cutoff,
-                    sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
-                )
-                .order_by(due_at)
-                .limit(batch)
+        rows = session.execute(
+            sa.select(Delivery.id, Delivery.endpoint_id, Delivery.tenant_id)
+            .where(
+                Delivery.status.in_((PENDING, RETRYING)),
+                due_at <= cutoff,
+                sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
             )
+            .order_by(due_at)
+            .limit(batch)
         )
+        return [
+            (delivery_id, endpoint_id, tenant_id) for delivery_id, endpoint_id, tenant_id in rows
+        ]
 
 
 class Sweeper:
@@ -63,7 +65,7 @@ class Sweeper:
     def __init__(
         self,
         db: Database,
-        enqueue: Callable[[list[str]], None],
+        enqueue: Callable[[list[str], Mapping[str, tuple[str, str]]], None],
         metrics: NotifierMetrics,
         *,
         interval_s: float,
@@ -78,11 +80,20 @@ class Sweeper:
         self.batch = batch
 
     def sweep_once(self, now: datetime | None = None) -> list[str]:
-        """One round: find and enqueue; returns the ids enqueued."""
-        ids = due_deliveries(self.db, grace_s=self.grace_s, batch=self.batch, now=now)
+        """One round: find and enqueue; returns the ids enqueued.
+
+        Each job carries its delivery's route (endpoint, tenant), as the consumer's do:
+        a delivery that waits in a worker for a slot of its tenant is due in the
+        database with no lease (losing that memory must lose nothing), so the sweeper
+        finds it too; with the route, a worker whose tenant is still full drops the
+        repeat without a claim instead of claiming and putting back each one (a tenant
+        held full by hanging endpoints had 500 claims every 5 s).
+        """
+        found = due_deliveries(self.db, grace_s=self.grace_s, batch=self.batch, now=now)
+        ids = [delivery_id for delivery_id, _, _ in found]
         if ids:
             log.info("sweeper: %d due deliveries had no job in flight; enqueued", len(ids))
-            self.enqueue(ids)
+            self.enqueue(ids, {d: (endpoint_id, tenant_id) for d, endpoint_id, tenant_id in found})
             self.metrics.swept.inc(len(ids))
         return ids
 

@@ -127,6 +127,23 @@ def test_the_waiting_room_sends_on_by_tenant_and_lets_nothing_wait_too_long() ->
     assert len(room) == 0
 
 
+def test_a_delivery_already_waiting_is_not_parked_twice() -> None:
+    """The sweeper re-sends deliveries that wait here (due, no lease): the repeat is
+    dropped, so the room neither grows nor sends one delivery twice."""
+    clock = Clock()
+    room = WaitingRoom(max_wait_s=5, clock=clock)
+    assert room.park("t1", "ep0", "d0", 0)
+    assert room.park("t1", "ep0", "d0", 0)  # the sweeper's repeat
+    assert len(room) == 1
+    assert [w.delivery_id for w in room.take("t1", lambda e: True, most=4)] == ["d0"]
+    # Once sent on, the same delivery may wait here again (its attempt was put back)
+    assert room.park("t1", "ep0", "d0", 1)
+    assert len(room) == 1
+    clock.now += 5
+    assert [w.delivery_id for w in room.overdue(lambda e, t: True)] == ["d0"]
+    assert room.park("t1", "ep0", "d0", 1) and len(room) == 1
+
+
 def test_a_probe_that_made_no_attempt_is_released() -> None:
     # Given an open breaker whose cool-down has passed
     clock = Clock()
