@@ -66,6 +66,13 @@ RETRY_PRIORITY = 10
 Route = tuple[str, str]
 
 
+#: A job for a delivery this close to (or past) its breaker message's due time is that
+#: message (a delayed message never comes back before its time), not a repeat.
+BREAKER_NOTE_SLACK_S = 0.05
+#: Notes kept before stale ones are dropped.
+BREAKER_NOTES_MAX = 100_000
+
+
 def _route(value: Any) -> Route | None:
     """A message's `route` kwarg (a JSON list), if it is one."""
     if (
@@ -145,6 +152,10 @@ class Deliverer:
         self.limiter = limiter
         self.rates = EndpointRates()
         self.waiting = WaitingRoom(max_wait_s=tuning.saturated_max_s)
+        #: Deliveries sent on later because their endpoint's breaker was open here, and
+        #: when that message is due back (see `_breaker_repeat`).
+        self._breaker_waits: dict[str, float] = {}
+        self._breaker_waits_lock = threading.Lock()
         #: Per thread: the waiting delivery this thread runs next (see deliver).
         self._hand = threading.local()
         self.breakers = breakers
@@ -218,6 +229,8 @@ class Deliverer:
         wait_s = self.breakers.wait_s(endpoint_id, peek=True)
         if wait_s > 0:
             delay = wait_s * random.uniform(1.0, 1.2)
+            if self._breaker_repeat(delivery_id, delay):
+                return True
         elif self.limiter.is_full(endpoint_id, tenant_id):
             if self._park(delivery_id, endpoint_id, tenant_id, bounces):
                 return True
@@ -229,6 +242,22 @@ class Deliverer:
             delivery_id, delay, bounces=min(bounces + 1, MAX_BOUNCES), route=route
         )
         return True
+
+    def _breaker_repeat(self, delivery_id: str, delay: float) -> bool:
+        """True when a message for this delivery is already on its way back (sent on
+        because of the open breaker, due back later): this job is a repeat, e.g. the
+        sweeper's (the row is due, with no lease), and is dropped. Otherwise notes the
+        message about to go, due back in `delay`. A note past its message's due time
+        counts for nothing: a lost message never holds the delivery up."""
+        now = time.monotonic()
+        with self._breaker_waits_lock:
+            due = self._breaker_waits.get(delivery_id)
+            if due is not None and now < due - BREAKER_NOTE_SLACK_S:
+                return True
+            if len(self._breaker_waits) >= BREAKER_NOTES_MAX:
+                self._breaker_waits = {d: t for d, t in self._breaker_waits.items() if t > now}
+            self._breaker_waits[delivery_id] = now + delay
+            return False
 
     def _claimed(self, conn: Connection, claim: Claim, bounces: int) -> str:
         """The delivery is this worker's: attempt it, or hold, put back or stop it."""

@@ -163,3 +163,37 @@ def test_a_lapsed_lease_nobody_took_over_still_records_the_attempt(
     (row,) = p.deliveries(delivery.event_id)
     assert row.status == SUCCEEDED and row.attempt_count == 1
     assert [a.error for a in p.attempts(delivery.id)] == [None]
+
+
+def test_a_repeat_job_for_a_delivery_held_by_an_open_breaker_is_dropped(
+    deliverer_only: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper re-sends a delivery held here by its endpoint's open breaker (the row
+    is due, with no lease), every sweep while the breaker stays open: each repeat used
+    to send another delayed message, and they piled up. Now one is on its way at a time;
+    once it is due, a job for the delivery counts again (a lost message holds nothing)."""
+    p = deliverer_only
+    tenant_id = make_tenant(p.db).tenant_id
+    endpoint_id, _ = p.endpoint(tenant_id, rx.url("/down"), [events.DEPOSIT_CREDITED])
+    _, (delivery,) = deliver_event(p.db, tenant_id, data=_deposit())
+    deliverer = p.engine.deliverer
+    # Given the endpoint's breaker open here
+    for _ in range(deliverer.breakers.threshold):
+        deliverer.breakers.record(endpoint_id, ok=False)
+    scheduled: list[tuple[str, float]] = []
+    monkeypatch.setattr(
+        deliverer.dispatch,
+        "schedule",
+        lambda delivery_id, delay_s, **_: scheduled.append((delivery_id, delay_s)),
+    )
+    route = (endpoint_id, tenant_id)
+    # When the consumer's job and then three sweeper repeats arrive
+    for _ in range(4):
+        deliverer.deliver(delivery.id, route=route)
+    # Then one message is on its way back, not four
+    assert [d for d, _ in scheduled] == [delivery.id]
+    # And once it is due, the delivery's next job is handled again (sent on once more)
+    deliverer._breaker_waits[delivery.id] = time.monotonic() - 1  # its due time passed
+    deliverer.deliver(delivery.id, route=route)
+    assert [d for d, _ in scheduled] == [delivery.id, delivery.id]
+    assert rx.hits("/down") == []
