@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -115,28 +115,22 @@ def _backend_pid(conn: Any) -> int:
     return int(row[0])
 
 
-def test_driver_transaction_connections_the_server_ended_are_replaced_too(
-    db: Database, pg_url: str
+@pytest.mark.parametrize(
+    ("mode", "hold"),
+    [("driver_transaction", _backend_pids), ("driver_autocommit", _autocommit_pids)],
+    ids=["driver_transaction", "driver_autocommit (the fast executor's own pool)"],
+)
+def test_driver_connections_the_server_ended_are_replaced(
+    mode: str, hold: Callable[[Database, int], list[int]], db: Database, pg_url: str
 ) -> None:
-    # Given a pool holding two idle connections, ended by the server
-    old = _backend_pids(db, 2)
-    _kill(pg_url, old)
-    # Then the driver transactions' connections are fresh ones, and nothing fails
-    for _ in range(3):
-        with db.driver_transaction() as conn:
-            assert _backend_pid(conn) not in old
-
-
-def test_the_fast_executors_connections_the_server_ended_are_replaced(
-    db: Database, pg_url: str
-) -> None:
-    # Given the fast executor holding two idle connections, ended by the server
-    old = _autocommit_pids(db, 2)
+    # Given the pool this mode draws from holding two idle connections, ended by the server
+    old = hold(db, 2)
     assert len(set(old)) == 2
     _kill(pg_url, old)
     # Then the next uses get fresh ones, and nothing fails
+    use = getattr(db, mode)
     for _ in range(3):
-        with db.driver_autocommit() as conn:
+        with use() as conn:
             assert _backend_pid(conn) not in old
 
 
