@@ -171,9 +171,8 @@ class WaitingRoom:
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._by_tenant: dict[str, deque[Waiting]] = {}
-        #: The deliveries waiting here (`_count` of them).
+        #: The deliveries waiting here (their number is the room's length).
         self._waiting_ids: set[str] = set()
-        self._count = 0
         self._lock = threading.Lock()
 
     def park(self, tenant_id: str, endpoint_id: str, delivery_id: str, bounces: int) -> bool:
@@ -184,13 +183,12 @@ class WaitingRoom:
         with self._lock:
             if delivery_id in self._waiting_ids:
                 return True
-            if self._count >= self.max_waiting:
+            if len(self._waiting_ids) >= self.max_waiting:
                 return False
             self._by_tenant.setdefault(tenant_id, deque()).append(
                 Waiting(delivery_id, endpoint_id, tenant_id, bounces, self._clock())
             )
             self._waiting_ids.add(delivery_id)
-            self._count += 1
             return True
 
     def take(self, tenant_id: str, can_go: Callable[[str], bool], most: int) -> list[Waiting]:
@@ -205,7 +203,6 @@ class WaitingRoom:
                 entry = waiting.popleft()
                 (taken if can_go(entry.endpoint_id) else kept).append(entry)
             waiting.extendleft(reversed(kept))
-            self._count -= len(taken)
             self._waiting_ids.difference_update(entry.delivery_id for entry in taken)
             if not waiting:
                 del self._by_tenant[tenant_id]
@@ -216,7 +213,7 @@ class WaitingRoom:
         tenant), taken out. One that cannot go waits on, its time renewed: its tenant's
         slots here are all busy, so one of its attempts here ends soon and wakes it
         (sending them all on would only bring them back, a storm every `max_wait_s`)."""
-        if not self._count:
+        if not self._waiting_ids:
             return []
         now = self._clock()
         limit = now - self.max_wait_s
@@ -238,12 +235,11 @@ class WaitingRoom:
                         )
                 if not waiting:
                     del self._by_tenant[tenant_id]
-            self._count -= len(taken)
             self._waiting_ids.difference_update(entry.delivery_id for entry in taken)
         return taken
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._waiting_ids)
 
 
 @dataclass(frozen=True, slots=True)
