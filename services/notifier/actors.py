@@ -204,6 +204,31 @@ class Deliverer:
                 self._send_on([left])
         return outcome
 
+    def keep_waiting(self) -> int:
+        """Keep the rows of the deliveries waiting here for a slot due now; returns how many.
+
+        A waiting delivery is due with no lease in the database (so that losing this
+        process loses nothing), and the sweeper re-sends deliveries overdue by more than
+        its grace: without this, every delivery of a tenant held full by hanging
+        endpoints came back from the sweeper once per grace, 500 jobs at a time, ahead
+        of everyone's first attempts. Kept fresh more often than the grace, they are
+        left to this process; once it dies, the sweeper finds them a grace later.
+        Also sends on those that have waited too long (when no job comes to do it).
+        """
+        if not len(self.waiting):
+            return 0
+        self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
+        ids = self.waiting.ids()
+        return self.store.keep_due(ids, utcnow()) if ids else 0
+
+    def run_keeper(self, stop: threading.Event, interval_s: float) -> None:
+        """`keep_waiting` every `interval_s` until `stop`; errors are logged, never fatal."""
+        while not stop.wait(interval_s):
+            try:
+                self.keep_waiting()
+            except Exception:
+                log.exception("could not keep the waiting deliveries; the sweeper may re-send")
+
     def _deliver_once(self, delivery_id: str, bounces: int, route: Route | None) -> str:
         if len(self.waiting):
             self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: How long stopping waits for attempts in flight before giving up (they are re-sent).
 STOP_TIMEOUT_S = 15.0
+#: Shortest interval between two rounds of keeping a worker's waiting deliveries due.
+KEEP_MIN_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,14 @@ def setup_from_env() -> dramatiq.Broker:
     return engine.broker
 
 
-def start_worker(engine: DeliveryEngine, *, threads: int) -> dramatiq.Worker:
-    """Dramatiq worker threads on the two delivery queues of this engine."""
+def keep_interval_s(settings: EngineSettings) -> float:
+    """How often a worker keeps its waiting deliveries due: well within the sweeper's grace."""
+    return max(KEEP_MIN_INTERVAL_S, settings.sweep_grace_s / 3)
+
+
+def start_worker(engine: DeliveryEngine, *, threads: int, stop: threading.Event) -> dramatiq.Worker:
+    """Dramatiq worker threads on the two delivery queues of this engine, and the thread
+    that keeps its waiting deliveries due (see Deliverer.keep_waiting) until `stop`."""
     # What the dramatiq CLI does in each worker process (starts TimeLimit's watchdog).
     engine.broker.emit_after("process_boot")
     worker = dramatiq.Worker(
@@ -189,12 +197,18 @@ def start_worker(engine: DeliveryEngine, *, threads: int) -> dramatiq.Worker:
         worker_timeout=250,
     )
     worker.start()
+    threading.Thread(
+        target=engine.deliverer.run_keeper,
+        args=(stop, keep_interval_s(engine.settings)),
+        name="waiting-keeper",
+        daemon=True,
+    ).start()
     return worker
 
 
 def run_worker(engine: DeliveryEngine, stop: threading.Event, *, threads: int) -> None:
     """Deliver until `stop`; attempts in flight get STOP_TIMEOUT_S to finish."""
-    worker = start_worker(engine, threads=threads)
+    worker = start_worker(engine, threads=threads, stop=stop)
     log.info("notifier worker ready: %d threads on %s", threads, engine.queues.queue)
     try:
         stop.wait()
@@ -267,8 +281,8 @@ def start_embedded(
     settings = settings or EngineSettings.from_env(config)
     config = replace(config, amqp_url=None)  # the in-memory StubBroker
     engine = build_engine(config, settings, db=db, identity_db=identity_db)
-    worker = start_worker(engine, threads=threads or config.worker_threads)
     stop = threading.Event()
+    worker = start_worker(engine, threads=threads or config.worker_threads, stop=stop)
     sweeper = threading.Thread(
         target=engine.sweeper().run, args=(stop,), name="sweeper", daemon=True
     )

@@ -17,7 +17,7 @@ lease that merely lapsed, with nobody taking over, loses nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -227,6 +227,10 @@ _STREAK_DISABLE = (
 )
 
 
+#: Ids per statement when keeping waiting deliveries due.
+KEEP_BATCH = 1000
+
+
 class DeliveryStore:
     """The hot path's statements, compiled once for `db`."""
 
@@ -340,6 +344,27 @@ class DeliveryStore:
             "now": now,
         }
         _run(conn, self._stop, params)
+
+    def keep_due(self, delivery_ids: Sequence[str], now: datetime) -> int:
+        """Make each of these deliveries that is still due and unleased due `now` (see
+        actors.Deliverer.keep_waiting); returns how many rows were kept."""
+        kept = 0
+        with self.db.transaction() as session:
+            for start in range(0, len(delivery_ids), KEEP_BATCH):
+                chunk = list(delivery_ids[start : start + KEEP_BATCH])
+                statement = (
+                    sa.update(Delivery)
+                    .where(
+                        Delivery.id.in_(chunk),
+                        Delivery.status.in_((PENDING, RETRYING)),
+                        sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
+                        Delivery.next_attempt_at <= now,
+                    )
+                    .values(next_attempt_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+                kept += session.execute(statement).rowcount
+        return kept
 
 
 def _run(conn: Connection, statement: DriverStatement, values: Mapping[str, Any]) -> Any:

@@ -238,6 +238,11 @@ class WaitingRoom:
             self._waiting_ids.difference_update(entry.delivery_id for entry in taken)
         return taken
 
+    def ids(self) -> list[str]:
+        """The deliveries waiting here now (a copy)."""
+        with self._lock:
+            return list(self._waiting_ids)
+
     def __len__(self) -> int:
         return len(self._waiting_ids)
 

@@ -17,6 +17,7 @@ import pytest
 
 from services.notifier.models import FAILED, SUCCEEDED
 from services.notifier.sender import TIMEOUT, Sender
+from services.notifier.sweeper import due_deliveries
 from shared import events
 from shared.timefmt import utcnow
 from tests.conftest import make_tenant
@@ -197,3 +198,52 @@ def test_a_repeat_job_for_a_delivery_held_by_an_open_breaker_is_dropped(
     deliverer.deliver(delivery.id, route=route)
     assert [d for d, _ in scheduled] == [delivery.id, delivery.id]
     assert rx.hits("/down") == []
+
+
+def test_a_delivery_waiting_for_a_slot_is_kept_due_so_the_sweeper_leaves_it(
+    pipeline: Pipeline, rx: Receiver
+) -> None:
+    """A delivery waiting in a worker for a slot of its tenant is due with no lease (losing
+    the worker must lose nothing), so the sweeper found it once it was overdue by the
+    grace, and re-sent it every sweep after that: with a tenant held full by hanging
+    endpoints, 500 jobs every 5 s ahead of everyone's first attempts. The worker now
+    keeps such rows due, so the sweeper leaves them to it, and finds them once the
+    worker is gone."""
+    p = pipeline
+    tenant_id = make_tenant(p.db).tenant_id
+    endpoint_id, _ = p.endpoint(tenant_id, rx.url("/ok"), [events.DEPOSIT_CREDITED])
+    _, (delivery,) = deliver_event(p.db, tenant_id, data=_deposit())
+    deliverer = p.engine.deliverer
+    # Given the tenant's every slot in the worker held (by attempts to other endpoints)
+    held = 0
+    while deliverer.limiter.try_acquire(f"busy-{held}", tenant_id):
+        held += 1
+    try:
+        # And its delivery waiting in the worker for a slot, due for five minutes already
+        assert deliverer.deliver(delivery.id, route=(endpoint_id, tenant_id)) == "saturated"
+        assert delivery.id in deliverer.waiting.ids()
+        update_delivery(p.db, delivery.id, next_attempt_at=utcnow() - timedelta(minutes=5))
+        assert delivery.id in _swept(p, grace_s=30)
+        # When the worker's keeper runs (every third of the 1 s grace here)
+        deadline = time.monotonic() + 5
+        while delivery.id in _swept(p, grace_s=30) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Then the sweeper leaves the delivery to the worker
+        assert delivery.id not in _swept(p, grace_s=30)
+        (row,) = p.deliveries(delivery.event_id)
+        assert row.lease_until is None and row.attempt_count == 0
+        # And one grace after the worker stops keeping it (it died), the sweeper finds it
+        assert delivery.id in _swept(p, grace_s=30, later_s=31)
+    finally:
+        for n in range(held):
+            deliverer.limiter.release(f"busy-{n}", tenant_id)
+    # And once a slot is free, the delivery goes
+    deliverer.keep_waiting()  # what the keeper does: sends on the overdue ones that can go
+    deliverer.deliver(delivery.id, route=(endpoint_id, tenant_id))
+    p.wait_status(delivery.event_id, SUCCEEDED)
+
+
+def _swept(p: Pipeline, *, grace_s: float, later_s: float = 0.0) -> list[str]:
+    """Which deliveries a sweeper with `grace_s` would re-send, `later_s` from now."""
+    now = utcnow() + timedelta(seconds=later_s)
+    return [d for d, _, _ in due_deliveries(p.db, grace_s=grace_s, batch=100_000, now=now)]

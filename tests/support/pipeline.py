@@ -241,7 +241,7 @@ def running_pipeline(
             threads.append(thread)
             assert ready.wait(15), "consumer did not connect to RabbitMQ"
         if worker:
-            dramatiq_worker = start_worker(engine, threads=ctx.config.worker_threads)
+            dramatiq_worker = start_worker(engine, threads=ctx.config.worker_threads, stop=stop)
         if sweeper:
             thread = threading.Thread(target=engine.sweeper().run, args=(stop,), daemon=True)
             thread.start()
