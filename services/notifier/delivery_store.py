@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from services.notifier.models import (
     DISABLED,
@@ -226,9 +227,18 @@ _STREAK_DISABLE = (
     .values(status=DISABLED, disabled_reason=DISABLED_FAILING, updated_at=sa.bindparam("now"))
 )
 
-
-#: Ids per statement when keeping waiting deliveries due.
-KEEP_BATCH = 1000
+#: Deliveries waiting in a worker for a slot, still due and unleased: due now (the array
+#: of ids is one parameter).
+_KEEP_DUE = (
+    sa.update(Delivery)
+    .where(
+        Delivery.id == sa.any_(sa.bindparam("keep_ids", type_=ARRAY(sa.String()))),
+        sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+        sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < sa.bindparam("now")),
+        Delivery.next_attempt_at <= sa.bindparam("now"),
+    )
+    .values(next_attempt_at=sa.bindparam("now"))
+)
 
 
 class DeliveryStore:
@@ -245,6 +255,7 @@ class DeliveryStore:
         self._streak_clear = db.driver_statement(_STREAK_CLEAR)
         self._streak_start = db.driver_statement(_STREAK_START)
         self._streak_disable = db.driver_statement(_STREAK_DISABLE)
+        self._keep_due = db.driver_statement(_KEEP_DUE)
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -347,24 +358,13 @@ class DeliveryStore:
 
     def keep_due(self, delivery_ids: Sequence[str], now: datetime) -> int:
         """Make each of these deliveries that is still due and unleased due `now` (see
-        actors.Deliverer.keep_waiting); returns how many rows were kept."""
-        kept = 0
-        with self.db.transaction() as session:
-            for start in range(0, len(delivery_ids), KEEP_BATCH):
-                chunk = list(delivery_ids[start : start + KEEP_BATCH])
-                statement = (
-                    sa.update(Delivery)
-                    .where(
-                        Delivery.id.in_(chunk),
-                        Delivery.status.in_((PENDING, RETRYING)),
-                        sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
-                        Delivery.next_attempt_at <= now,
-                    )
-                    .values(next_attempt_at=now)
-                    .execution_options(synchronize_session=False)
-                )
-                kept += session.execute(statement).rowcount
-        return kept
+        actors.Deliverer.keep_waiting); returns how many rows were kept.
+
+        One statement with the ids as one array parameter: an expanding IN of a few
+        hundred binds took the worker's GIL for ~90 ms per round."""
+        with self.db.driver_autocommit() as conn:
+            params = {"keep_ids": list(delivery_ids), "now": now}
+            return int(_run(conn, self._keep_due, params).rowcount)
 
 
 def _run(conn: Connection, statement: DriverStatement, values: Mapping[str, Any]) -> Any:
