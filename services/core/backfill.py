@@ -89,13 +89,19 @@ def _missing(
 
 
 def _insert_ignoring_conflicts(session: Session, rows: list[dict[str, object]]) -> list[int]:
-    """Insert address rows, skipping (account_pk, chain_id) already stored.
+    """Insert address rows, skipping those already stored.
 
     Returns the account pk of each row inserted.
+
+    Every unique key is an arbiter (no conflict target): with only (account_pk,
+    chain_id), two runners inserting the same row at once could meet on the address's
+    unique key instead, which ON CONFLICT then does not cover (a UniqueViolation, seen
+    under load). The address is derived from (chain, pk), so a clash on it is the same
+    row; an account left without an address would show in `all_accounts_complete`.
     """
     statement = (
         postgresql.insert(DepositAddress)
-        .on_conflict_do_nothing(index_elements=["account_pk", "chain_id"])
+        .on_conflict_do_nothing()
         .returning(DepositAddress.account_pk)
     )
     inserted: list[int] = []
