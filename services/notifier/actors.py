@@ -23,6 +23,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -86,6 +87,14 @@ def _route(value: Any) -> Route | None:
 
 class Dispatch(Protocol):
     """Sends later attempts of a delivery (broker.DeliveryQueues)."""
+
+    def enqueue(
+        self,
+        delivery_ids: list[str],
+        routes: Mapping[str, tuple[str, str]] | None = None,
+        *,
+        group: bool = True,
+    ) -> None: ...
 
     def schedule(
         self,
@@ -249,24 +258,71 @@ class Deliverer:
             with logs.request_scope(claim.request_id):
                 return self._claimed(conn, claim, bounces)
 
+    def deliver_group(self, tenant_id: str, items: list[tuple[str, str]]) -> int:
+        """A fan-out of one tenant sent as one job ((delivery id, endpoint id) pairs; see
+        broker.DeliveryQueues.enqueue): returns how many of them started here or were
+        sent on.
+
+        Each waits in this process for a slot of its tenant (or, behind an open breaker,
+        is sent on later), all without a claim; then as many as the tenant may start
+        here now are taken: the others are sent on as jobs of their own (one publish),
+        the first runs on this thread. The rest go as slots free, as any waiting one.
+        """
+        for delivery_id, endpoint_id in items:
+            route = (endpoint_id, tenant_id)
+            if self._breaker_holds(delivery_id, 0, route):
+                continue
+            if not self._park(delivery_id, endpoint_id, tenant_id, 0, wake=False):
+                self._saturated(delivery_id, 0, route)  # the room is full
+        can_go = lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)  # noqa: E731
+        taken = self.waiting.take(tenant_id, can_go, self.limiter.room(tenant_id))
+        if not taken:
+            return 0
+        first, rest = taken[0], taken[1:]
+        try:
+            if rest:
+                self.dispatch.enqueue(
+                    [entry.delivery_id for entry in rest],
+                    {entry.delivery_id: (entry.endpoint_id, tenant_id) for entry in rest},
+                    group=False,
+                )
+        except Exception:
+            log.exception("could not send on %d deliveries; the sweeper will", len(rest))
+        self.deliver(first.delivery_id, first.bounces, (first.endpoint_id, tenant_id))
+        return len(taken)
+
     def _still_waiting(self, delivery_id: str, bounces: int, route: Route) -> bool:
+        """Is the delivery's endpoint or tenant still busy here (or its breaker open)? Then
+        it waits, or is sent on later, without a claim."""
         endpoint_id, tenant_id = route
-        wait_s = self.breakers.wait_s(endpoint_id, peek=True)
-        if wait_s > 0:
-            delay = wait_s * random.uniform(1.0, 1.2)
-            if self._breaker_repeat(delivery_id, delay):
-                return True
-        elif self.limiter.is_full(endpoint_id, tenant_id):
-            if self._park(delivery_id, endpoint_id, tenant_id, bounces):
-                return True
-            delay = saturated_delay(bounces, self.tuning)
-        else:
+        if self._breaker_holds(delivery_id, bounces, route):
+            return True
+        if not self.limiter.is_full(endpoint_id, tenant_id):
             return False
+        if not self._park(delivery_id, endpoint_id, tenant_id, bounces):
+            self._saturated(delivery_id, bounces, route)
+        return True
+
+    def _breaker_holds(self, delivery_id: str, bounces: int, route: Route) -> bool:
+        """The endpoint's breaker is open here: the delivery is sent on for when it may
+        probe (once: a repeat is dropped, see `_breaker_repeat`)."""
+        wait_s = self.breakers.wait_s(route[0], peek=True)
+        if wait_s <= 0:
+            return False
+        delay = wait_s * random.uniform(1.0, 1.2)
+        if not self._breaker_repeat(delivery_id, delay):
+            self._send_later(delivery_id, delay, bounces, route)
+        return True
+
+    def _saturated(self, delivery_id: str, bounces: int, route: Route) -> None:
+        """No room to wait here: sent on after a growing delay."""
+        self._send_later(delivery_id, saturated_delay(bounces, self.tuning), bounces, route)
+
+    def _send_later(self, delivery_id: str, delay: float, bounces: int, route: Route) -> None:
         self.metrics.saturated.inc()
         self.dispatch.schedule(
             delivery_id, delay, bounces=min(bounces + 1, MAX_BOUNCES), route=route
         )
-        return True
 
     def _breaker_repeat(self, delivery_id: str, delay: float) -> bool:
         """True when a message for this delivery is already on its way back (sent on
@@ -317,13 +373,15 @@ class Deliverer:
             self.limiter.release(claim.endpoint_id, claim.tenant_id)
             self._wake(claim.tenant_id)
 
-    def _park(self, delivery_id: str, endpoint_id: str, tenant_id: str, bounces: int) -> bool:
+    def _park(
+        self, delivery_id: str, endpoint_id: str, tenant_id: str, bounces: int, *, wake: bool = True
+    ) -> bool:
         """Wait in this process for a slot of the tenant (see limiter.WaitingRoom)."""
         if not self.waiting.park(tenant_id, endpoint_id, delivery_id, bounces):
             return False
         self.metrics.saturated.inc()
         # A slot may have freed between the check and the park: look once more.
-        if not self.limiter.is_full(endpoint_id, tenant_id):
+        if wake and not self.limiter.is_full(endpoint_id, tenant_id):
             self._wake(tenant_id)
         return True
 
@@ -563,6 +621,18 @@ class DeliveryActors:
             deliver,
             broker=queues.broker,
             actor_name=queues.actor_name,
+            queue_name=queues.queue,
+            priority=0,
+            options=dict(options),
+        )
+
+        def deliver_group(tenant_id: str, items: list[list[str]]) -> None:
+            deliverer.deliver_group(tenant_id, [(d, e) for d, e in items])
+
+        self.deliver_group = dramatiq.Actor(
+            deliver_group,
+            broker=queues.broker,
+            actor_name=queues.group_actor_name,
             queue_name=queues.queue,
             priority=0,
             options=dict(options),

@@ -96,6 +96,10 @@ class EndpointLimiter:
             tenant_id, 0
         ) >= self._tenant_cap(tenant_id)
 
+    def room(self, tenant_id: str) -> int:
+        """How many more attempts the tenant may start here now (a hint: no slot taken)."""
+        return max(0, self._tenant_cap(tenant_id) - self._tenants.get(tenant_id, 0))
+
     def release(self, endpoint_id: str, tenant_id: str = "") -> None:
         with self._lock:
             _drop(self._busy, endpoint_id)

@@ -190,3 +190,78 @@ def test_a_freed_slot_runs_the_next_waiting_delivery_without_a_broker_round_trip
     # thread's run of them reached its bound (one attempt deadline, 1 s: ~20 of 50 ms)
     assert parked >= 10, f"only {parked} deliveries waited for a slot"
     assert len(sent_on) <= 4, f"{len(sent_on)} sent through the broker for {parked} waiting"
+
+
+def test_an_event_to_many_endpoints_goes_as_one_job_and_reaches_every_endpoint(
+    pipeline: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a tenant with 20 endpoints (a fan-out of 16 or more travels as one job)
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    for n in range(20):
+        pipeline.endpoint(tenant_id, rx.url(f"/many{n}"), [events.DEPOSIT_CREDITED], name=f"e{n}")
+    deliverer = pipeline.engine.deliverer
+    groups: list[int] = []
+    run_group = deliverer.deliver_group
+
+    def deliver_group(tenant: str, items: list[tuple[str, str]]) -> int:
+        groups.append(len(items))
+        return run_group(tenant, items)
+
+    monkeypatch.setattr(deliverer, "deliver_group", deliver_group)
+    # When one event is sent
+    envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+    # Then one job carried its 20 deliveries, and each endpoint got it once, attempt 1
+    rows = pipeline.wait_status(envelope["id"], SUCCEEDED, count=20, timeout=30)
+    assert groups == [20]
+    assert sorted(row.attempt_count for row in rows) == [1] * 20
+    assert all(len(rx.hits(f"/many{n}")) == 1 for n in range(20))
+
+
+def test_a_group_for_a_full_tenant_waits_without_a_claim_and_goes_when_slots_free(
+    pipeline: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    for n in range(20):
+        pipeline.endpoint(tenant_id, rx.url(f"/full{n}"), [events.DEPOSIT_CREDITED], name=f"e{n}")
+    deliverer = pipeline.engine.deliverer
+    queues = deliverer.dispatch
+    enqueued: list[list[str]] = []
+    enqueue = queues.enqueue
+
+    def spy(ids: list[str], routes: Any = None, **kwargs: Any) -> None:
+        enqueued.append(list(ids))
+        enqueue(ids, routes, **kwargs)
+
+    # Given the tenant's every slot in the worker held
+    held = 0
+    while deliverer.limiter.try_acquire(f"busy-{held}", tenant_id):
+        held += 1
+    monkeypatch.setattr(queues, "enqueue", spy)
+    try:
+        # When an event to its 20 endpoints arrives (one group job)
+        envelope = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+        rows = wait_until(
+            lambda: found if len(found := pipeline.deliveries(envelope["id"])) == 20 else None,
+            15,
+            "the event's 20 deliveries",
+        )
+        items = [(row.id, row.endpoint_id) for row in rows]
+        # Then all 20 wait in the worker: no claim, no job sent on, no request made
+        wait_until(
+            lambda: {d for d, _ in items} <= set(deliverer.waiting.ids()),
+            15,
+            "the 20 deliveries waiting in the worker",
+        )
+        assert enqueued == []
+        rows = pipeline.deliveries(envelope["id"])
+        assert all(row.attempt_count == 0 and row.lease_until is None for row in rows)
+        assert not any(rx.hits(f"/full{n}") for n in range(20))
+    finally:
+        for n in range(held):
+            deliverer.limiter.release(f"busy-{n}", tenant_id)
+    # And when its slots free up, the waiting ones go (as the room allows, then as
+    # attempts end), each once
+    deliverer.deliver_group(tenant_id, items)  # a repeat of the job: the room is free now
+    pipeline.wait_status(envelope["id"], SUCCEEDED, count=20, timeout=30)
+    assert all(len(rx.hits(f"/full{n}")) == 1 for n in range(20))
+    assert enqueued and len(enqueued[0]) < 20  # only what the room allowed went as jobs
