@@ -92,8 +92,6 @@ class Dispatch(Protocol):
         self,
         delivery_ids: list[str],
         routes: Mapping[str, tuple[str, str]] | None = None,
-        *,
-        group: bool = True,
     ) -> None: ...
 
     def schedule(
@@ -284,7 +282,6 @@ class Deliverer:
                 self.dispatch.enqueue(
                     [entry.delivery_id for entry in rest],
                     {entry.delivery_id: (entry.endpoint_id, tenant_id) for entry in rest},
-                    group=False,
                 )
         except Exception:
             log.exception("could not send on %d deliveries; the sweeper will", len(rest))

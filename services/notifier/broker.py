@@ -16,8 +16,7 @@ the workers declare the actors that run them (actors.py).
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -153,40 +152,51 @@ class DeliveryQueues:
         delivery_ids: list[str],
         routes: Mapping[str, tuple[str, str]] | None = None,
         *,
-        group: bool = True,
+        groups: Iterable[Sequence[str]] = (),
     ) -> None:
         """First attempts (and sweeper re-sends): due now. `routes` (id -> (endpoint id,
         tenant id)) ride along where known, so a worker can hold a delivery of a busy
         tenant without a claim.
 
-        With `group`, a tenant's routed deliveries, when there are GROUP_MIN or more in
-        this call (one event to many endpoints, a sweep), travel as one job per
-        GROUP_MAX (`deliver_group`): one message instead of fifty ahead of every other
-        tenant's first attempts, and a worker whose tenant is full parks them all at once.
+        Each of `groups` (the deliveries of one event, a sweep of one tenant's) whose
+        routed deliveries of one tenant number GROUP_MIN or more travels as one job per
+        GROUP_MAX (`deliver_group`): an event to 50 endpoints is one message instead of
+        fifty ahead of every other tenant's first attempts, and a worker whose tenant
+        is full parks them all at once. Many events of a tenant stay one job each: they
+        are spread over every worker thread and process, as before.
         """
         routes = routes or {}
-        sizes = Counter(route[1] for route in routes.values()) if group else Counter()
+        given = set(delivery_ids)
+        grouped: set[str] = set()
+        group_jobs: list[dramatiq.Message] = []
+        for group in groups:
+            by_tenant: dict[str, list[list[str]]] = {}
+            for delivery_id in group:
+                route = routes.get(delivery_id)
+                if route is not None and delivery_id in given and delivery_id not in grouped:
+                    by_tenant.setdefault(route[1], []).append([delivery_id, route[0]])
+            for tenant_id, items in by_tenant.items():
+                if len(items) < GROUP_MIN:
+                    continue
+                grouped.update(delivery_id for delivery_id, _ in items)
+                group_jobs += [
+                    dramatiq.Message(
+                        queue_name=self.queue,
+                        actor_name=self.group_actor_name,
+                        args=(tenant_id, items[start : start + GROUP_MAX]),
+                        kwargs={},
+                        options={},
+                    )
+                    for start in range(0, len(items), GROUP_MAX)
+                ]
         # Jobs of their own in the order given; groups after them, so that a batch's
         # small fan-outs are not queued behind its big ones.
-        messages: list[dramatiq.Message] = []
-        grouped: dict[str, list[list[str]]] = {}
-        for delivery_id in delivery_ids:
-            route = routes.get(delivery_id)
-            if route is not None and sizes[route[1]] >= GROUP_MIN:
-                grouped.setdefault(route[1], []).append([delivery_id, route[0]])
-            else:
-                messages.append(self._first_attempt(delivery_id, route))
-        for tenant_id, items in grouped.items():
-            messages += [
-                dramatiq.Message(
-                    queue_name=self.queue,
-                    actor_name=self.group_actor_name,
-                    args=(tenant_id, items[start : start + GROUP_MAX]),
-                    kwargs={},
-                    options={},
-                )
-                for start in range(0, len(items), GROUP_MAX)
-            ]
+        messages = [
+            self._first_attempt(delivery_id, routes.get(delivery_id))
+            for delivery_id in delivery_ids
+            if delivery_id not in grouped
+        ]
+        messages += group_jobs
         if not messages:
             return
         if isinstance(self.broker, _Broker):

@@ -169,7 +169,7 @@ def handle_event(
     (handled,) = store_events(ctx.db, [body], metrics, request_ids=[logs.request_id()])
     if handled.malformed is not None:
         raise MalformedEvent(handled.malformed)
-    ctx.hand_off(handled.delivery_ids, handled.routes)
+    ctx.hand_off(handled.delivery_ids, handled.routes, [handled.delivery_ids])
     return handled.delivery_ids
 
 
@@ -293,6 +293,7 @@ class EventConsumer:
             return
         self.db_backoff.reset()
         ids: list[str] = []
+        seen: set[str] = set()
         routes: dict[str, tuple[str, str]] = {}
         for (method, body, _), handled in zip(batch, results, strict=True):
             if handled.malformed is not None:
@@ -302,9 +303,11 @@ class EventConsumer:
                     body[:200],
                 )
                 channel.basic_reject(method.delivery_tag, requeue=False)
-            ids.extend(i for i in handled.delivery_ids if i not in ids)
+            # A set: a batch of 64 events to 50 endpoints each is 3,200 ids.
+            ids.extend(i for i in handled.delivery_ids if i not in seen)
+            seen.update(handled.delivery_ids)
             routes.update(handled.routes)
-        ctx.hand_off(ids, routes)
+        ctx.hand_off(ids, routes, [handled.delivery_ids for handled in results])
         acked = [m for (m, _, _), h in zip(batch, results, strict=True) if h.malformed is None]
         if acked:
             channel.basic_ack(acked[-1].delivery_tag, multiple=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from flask import current_app
 
@@ -19,14 +20,15 @@ EXTENSION = "settle.notifier"
 #: Endpoints a tenant may have at once (deleted ones do not count).
 DEFAULT_MAX_ENDPOINTS = 20
 
-#: Hands committed delivery ids to the delivery engine (Dramatiq messages).
-#: Hands delivery ids to the engine; `routes` (id -> (endpoint id, tenant id)), when
-#: given, ride along so a worker can hold a delivery of a busy tenant without a claim.
+#: Hands committed delivery ids to the delivery engine (Dramatiq messages); `routes` (id
+#: -> (endpoint id, tenant id)), when given, ride along so a worker can hold a delivery
+#: of a busy tenant without a claim; `groups` (each event's deliveries) may travel as one
+#: job each (broker.DeliveryQueues.enqueue).
 Enqueue = Callable[..., None]
 Routes = Mapping[str, tuple[str, str]]
 
 
-def _engine_not_wired(delivery_ids: list[str], routes: Routes | None = None) -> None:
+def _engine_not_wired(delivery_ids: list[str], routes: Routes | None = None, **_: Any) -> None:
     # Nothing is lost: the sweeper sends every due delivery, just later.
     log.warning(
         "no delivery engine wired into this process; %d deliveries wait for the sweeper",
@@ -70,12 +72,21 @@ class NotifierContext:
             max_endpoints_per_tenant=config.max_endpoints_per_tenant,
         )
 
-    def hand_off(self, delivery_ids: Sequence[str], routes: Routes | None = None) -> None:
-        """Give committed deliveries to the engine; a failure only delays them (sweeper)."""
+    def hand_off(
+        self,
+        delivery_ids: Sequence[str],
+        routes: Routes | None = None,
+        groups: Sequence[Sequence[str]] = (),
+    ) -> None:
+        """Give committed deliveries to the engine; a failure only delays them (sweeper).
+
+        `groups`: the deliveries of each event, which may travel as one job."""
         if not delivery_ids:
             return
         try:
-            if routes:
+            if groups:
+                self.enqueue(list(delivery_ids), routes, groups=groups)
+            elif routes:
                 self.enqueue(list(delivery_ids), routes)
             else:
                 self.enqueue(list(delivery_ids))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -65,7 +65,7 @@ class Sweeper:
     def __init__(
         self,
         db: Database,
-        enqueue: Callable[[list[str], Mapping[str, tuple[str, str]]], None],
+        enqueue: Callable[..., None],
         metrics: NotifierMetrics,
         *,
         interval_s: float,
@@ -87,13 +87,21 @@ class Sweeper:
         database with no lease (losing that memory must lose nothing), so the sweeper
         finds it too; with the route, a worker whose tenant is still full drops the
         repeat without a claim instead of claiming and putting back each one (a tenant
-        held full by hanging endpoints had 500 claims every 5 s).
+        held full by hanging endpoints had 500 claims every 5 s). A tenant's swept
+        deliveries are one group (see broker.DeliveryQueues.enqueue).
         """
         found = due_deliveries(self.db, grace_s=self.grace_s, batch=self.batch, now=now)
         ids = [delivery_id for delivery_id, _, _ in found]
         if ids:
             log.info("sweeper: %d due deliveries had no job in flight; enqueued", len(ids))
-            self.enqueue(ids, {d: (endpoint_id, tenant_id) for d, endpoint_id, tenant_id in found})
+            by_tenant: dict[str, list[str]] = {}
+            for delivery_id, _, tenant_id in found:
+                by_tenant.setdefault(tenant_id, []).append(delivery_id)
+            self.enqueue(
+                ids,
+                {d: (endpoint_id, tenant_id) for d, endpoint_id, tenant_id in found},
+                groups=list(by_tenant.values()),
+            )
             self.metrics.swept.inc(len(ids))
         return ids
 

@@ -76,19 +76,21 @@ def test_a_batch_is_sent_again_on_a_new_connection_when_the_old_one_is_gone(
     assert [d for d, _ in _jobs(queues)] == [f"dlv_{n}" for n in range(50)]
 
 
-def test_a_big_fan_out_of_one_tenant_travels_as_one_job_after_the_small_ones(
+def test_a_big_fan_out_of_one_event_travels_as_one_job_after_the_small_ones(
     queues: DeliveryQueues,
 ) -> None:
     """An event to 50 endpoints of one tenant was 50 jobs, and every other tenant's first
     attempt published after them waited behind all 50 (the fairness bench: 15-25 ms
     more at p99 with each such event)."""
-    # Given a batch: one tenant's GROUP_MAX + 10 deliveries, another's 2, one unrouted
+    # Given a batch: one event to GROUP_MAX + 10 endpoints, another's 2, one unrouted
     big = [f"dlv_big_{n:04d}" for n in range(GROUP_MAX + 10)]
     small = ["dlv_small_1", "dlv_small_2"]
-    routes = {d: (f"we_{n % 50}", "ten_big") for n, d in enumerate(big)}
+    routes = {d: (f"we_{n}", "ten_big") for n, d in enumerate(big)}
     routes |= {d: ("we_small", "ten_small") for d in small}
-    # When they are handed to the workers
-    queues.enqueue([*big[:5], *small, "dlv_plain", *big[5:]], routes)
+    # When they are handed to the workers, each event's deliveries a group
+    queues.enqueue(
+        [*big[:5], *small, "dlv_plain", *big[5:]], routes, groups=[big, small, ["dlv_plain"]]
+    )
     # Then the small ones go first, one job each, and the big fan-out as two group jobs
     messages = _messages(queues)
     assert [m["actor_name"] for m in messages] == ["deliver"] * 3 + ["deliver_group"] * 2
@@ -100,11 +102,13 @@ def test_a_big_fan_out_of_one_tenant_travels_as_one_job_after_the_small_ones(
     assert len(groups[0][1]) == GROUP_MAX
 
 
-def test_a_fan_out_below_the_group_size_or_sent_on_stays_one_job_each(
+def test_many_events_of_a_tenant_and_small_fan_outs_stay_one_job_each(
     queues: DeliveryQueues,
 ) -> None:
+    """Many events of one tenant stay one job each: spread over every worker thread and
+    process, as before (grouped, they ran one process's share at a time)."""
+    many = [f"dlv_many_{n}" for n in range(GROUP_MIN * 2)]
+    queues.enqueue(many, {d: ("we_1", "ten_1") for d in many}, groups=[[d] for d in many])
     few = [f"dlv_{n}" for n in range(GROUP_MIN - 1)]
-    queues.enqueue(few, {d: ("we_1", "ten_1") for d in few})
-    many = [f"dlv_many_{n}" for n in range(GROUP_MIN)]
-    queues.enqueue(many, {d: ("we_1", "ten_1") for d in many}, group=False)
-    assert [d for d, _ in _jobs(queues)] == [*few, *many]
+    queues.enqueue(few, {d: (f"we_{d}", "ten_1") for d in few}, groups=[few])
+    assert [d for d, _ in _jobs(queues)] == [*many, *few]

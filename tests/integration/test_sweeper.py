@@ -36,7 +36,7 @@ def test_swept_jobs_carry_their_route(
     _, made = deliver_event(pg_db, tenant.tenant_id, at=utcnow() - timedelta(minutes=5))
     sent: list[tuple[list[str], dict[str, tuple[str, str]]]] = []
 
-    def enqueue(ids: list[str], routes: Mapping[str, tuple[str, str]]) -> None:
+    def enqueue(ids: list[str], routes: Mapping[str, tuple[str, str]], **_: object) -> None:
         sent.append((ids, dict(routes)))
 
     sweeper = Sweeper(pg_db, enqueue, NotifierMetrics(), interval_s=5, grace_s=30, batch=100_000)
