@@ -191,23 +191,23 @@ def create_account(
     writes the account, its addresses and the outbox row, atomic on its own (no
     BEGIN/COMMIT round trips).
     """
-    statements = _driver_statements(db, len(registry.active()))
+    active = registry.active()
+    statements = _driver_statements(
+        db, tuple((chain.chain_id, registry.position(chain.chain_id)) for chain in active)
+    )
     values = _new_account_values(registry, tenant_id, new, api_key_id, now)
     try:
         with db.driver_autocommit() as conn:
             start = statements.start
-            pk, *policy = conn.execute(start.sql, start.bind({"tenant_id": tenant_id})).fetchone()
+            pk, *policy = conn.execute(start.sql, {"tenant_id": tenant_id}).fetchone()
             destination = new.destination or _policy_destination(registry, policy)
-            derived = _derive(registry, deriver, pk)
+            derived = [(chain.chain_id, deriver.derive(chain.chain_id, pk)) for chain in active]
             document = _created_document(values, destination, registry, derived)
             _, event = outbox.event_row(
                 events.ACCOUNT_CREATED, tenant_id, {"depositAccount": document}
             )
-            addresses = _address_rows(registry, pk, derived)
-            rows = {f"{k}_{n}": v for n, row in enumerate(addresses) for k, v in row.items()}
-            write = statements.write
-            params = _account_params(pk, values, destination) | rows | event
-            conn.execute(write.sql, write.bind(params))
+            params = _write_params(pk, values, destination, derived, event)
+            conn.execute(statements.write.sql, params)
     except psycopg.errors.UniqueViolation as exc:
         raise _account_exists(exc, new) from None
     wake_relay(db)
@@ -264,24 +264,6 @@ def _account_exists(exc: psycopg.errors.UniqueViolation, new: NewAccount) -> Acc
     return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
 
 
-def _derive(registry: ChainRegistry, deriver: Deriver, pk: int) -> list[tuple[int, str]]:
-    return [(chain.chain_id, deriver.derive(chain.chain_id, pk)) for chain in registry.active()]
-
-
-def _address_rows(
-    registry: ChainRegistry, pk: int, derived: list[tuple[int, str]]
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "account_pk": pk,
-            "chain_id": chain_id,
-            "address": address,
-            "position": registry.position(chain_id),
-        }
-        for chain_id, address in derived
-    ]
-
-
 def _created_document(
     values: dict[str, Any],
     destination: Destination,
@@ -310,23 +292,15 @@ def _table(model: type[Any]) -> sa.Table:
 _ACCOUNTS = _table(DepositAccount)
 _POLICIES = _table(DestinationPolicy)
 _ADDRESSES = _table(DepositAddress)
-#: The account's sequence value (its BIP32 index) and the tenant's policy (NULLs if none).
-_START = sa.select(
-    sa.func.nextval(sa.func.pg_get_serial_sequence(_ACCOUNTS.name, _ACCOUNTS.c.pk.name)),
-    _POLICIES.c.chain_id,
-    _POLICIES.c.address,
-    _POLICIES.c.token_address,
-).select_from(
-    sa.select(sa.literal(1).label("one"))
-    .subquery("one")
-    .outerjoin(_POLICIES, _POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
-)
+#: Binds of the account row that are not their column's name prefixed with `account_`:
+#: the tenant is the outbox row's (`tenant_id`, one value for both), and a new account's
+#: `updated_at` is its `created_at`.
+_ACCOUNT_BINDS = {"tenant_id": "tenant_id", "updated_at": "account_created_at"}
 _ACCOUNT_COLUMNS = (
     "pk",
     "id",
     "tenant_id",
     "external_user_id",
-    "status",
     "dest_chain_id",
     "dest_address",
     "dest_token_address",
@@ -343,54 +317,104 @@ class _DriverStatements:
 
     #: Draws the account's pk and reads the policy.
     start: DriverStatement
-    #: The account (binds `account_<column>`), its addresses (`<column>_<n>`) and the
-    #: outbox row (binds named as its columns), in one statement.
+    #: The account (binds `account_<column>`, see `_ACCOUNT_BINDS`), its addresses
+    #: (`address_<n>`) and the outbox row (binds named as its columns), in one statement.
     write: DriverStatement
 
 
-def _driver_statements(db: Database, address_count: int) -> _DriverStatements:
-    """The statements compiled for `db`'s driver, once per database and address count."""
+def _driver_statements(db: Database, chains: tuple[tuple[int, int], ...]) -> _DriverStatements:
+    """The statements compiled for `db`'s driver, once per database and set of
+    (chain id, position) of the active chains."""
     return db.attachment(
-        f"core.accounts.create.{address_count}",
-        lambda d: _compile_driver_statements(d, address_count),
+        f"core.accounts.create.{chains}", lambda d: _compile_driver_statements(d, chains)
     )
 
 
-def _compile_driver_statements(db: Database, address_count: int) -> _DriverStatements:
-    # Bind names prefixed: the outbox row's columns (created_at...) are binds of the same
-    # statement.
+def _compile_driver_statements(
+    db: Database, chains: tuple[tuple[int, int], ...]
+) -> _DriverStatements:
+    """The two statements, with what is fixed for this process written into their text.
+
+    Each parameter costs the client a dump per request, so what never changes is SQL
+    text: the account sequence's name (looked up once here, where `pg_get_serial_sequence`
+    in the statement cost a catalog lookup per creation), the status, and each address
+    row's chain id and position (fixed by the chains file for the process's life).
+    """
+    with db.driver_autocommit() as conn:
+        row = conn.execute(
+            "SELECT pg_get_serial_sequence(%s, %s)", (_ACCOUNTS.name, _ACCOUNTS.c.pk.name)
+        ).fetchone()
+    start = sa.select(
+        sa.func.nextval(sa.literal_column(_sql_text(row[0]))),
+        _POLICIES.c.chain_id,
+        _POLICIES.c.address,
+        _POLICIES.c.token_address,
+    ).select_from(
+        sa.select(sa.literal_column("1").label("one"))
+        .subquery("one")
+        .outerjoin(_POLICIES, _POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
+    )
     account = _ACCOUNTS.insert().values(
-        {c: sa.bindparam(f"account_{c}", type_=_ACCOUNTS.c[c].type) for c in _ACCOUNT_COLUMNS}
+        {
+            column: sa.bindparam(
+                _ACCOUNT_BINDS.get(column, f"account_{column}"), type_=_ACCOUNTS.c[column].type
+            )
+            for column in _ACCOUNT_COLUMNS
+        }
+        | {"status": sa.literal_column(_sql_text(ACTIVE))}
     )
     ctes = [account.cte("new_account")]
-    if address_count:  # no active chain (a chains file could say so): no empty VALUES
+    if chains:  # no active chain (a chains file could say so): no empty VALUES
         addresses = _ADDRESSES.insert().values(
             [
                 {
-                    column: sa.bindparam(f"{column}_{n}", type_=_ADDRESSES.c[column].type)
-                    for column in ("account_pk", "chain_id", "address", "position")
+                    "account_pk": sa.bindparam("account_pk", type_=_ADDRESSES.c.account_pk.type),
+                    "chain_id": sa.literal_column(str(int(chain_id))),
+                    "address": sa.bindparam(f"address_{n}", type_=_ADDRESSES.c.address.type),
+                    "position": sa.literal_column(str(int(position))),
                 }
-                for n in range(address_count)
+                for n, (chain_id, position) in enumerate(chains)
             ]
         )
         ctes.append(addresses.cte("new_addresses"))
-    return _DriverStatements(
-        start=db.driver_statement(_START),
+    statements = _DriverStatements(
+        start=db.driver_statement(start),
         write=db.driver_statement(outbox.INSERT_EVENT.add_cte(*ctes)),
     )
+    if statements.start.fixed or statements.write.fixed:
+        # create_account passes its parameters as they are, without DriverStatement.bind.
+        raise ValueError("account creation's statements must take every value as a parameter")
+    return statements
 
 
-def _account_params(pk: int, values: dict[str, Any], destination: Destination) -> dict[str, Any]:
-    """Driver parameters of the account row, `account_<column>` (JSON wrapped for psycopg)."""
-    row = {
-        **values,
-        "pk": pk,
-        "metadata": Jsonb(values["metadata"]),
-        "dest_chain_id": destination.chain_id,
-        "dest_address": destination.address,
-        "dest_token_address": destination.token_address,
+def _sql_text(value: str) -> str:
+    """`value` as an SQL string literal (for names and constants we write, not input)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _write_params(
+    pk: int,
+    values: dict[str, Any],
+    destination: Destination,
+    derived: list[tuple[int, str]],
+    event: dict[str, Any],
+) -> dict[str, Any]:
+    """The write statement's parameters, in one dict (JSON wrapped for psycopg)."""
+    params = {
+        **event,
+        "account_pk": pk,
+        "account_id": values["id"],
+        "account_external_user_id": values["external_user_id"],
+        "account_dest_chain_id": destination.chain_id,
+        "account_dest_address": destination.address,
+        "account_dest_token_address": destination.token_address,
+        "account_dest_set_by_key_id": values["dest_set_by_key_id"],
+        "account_metadata": Jsonb(values["metadata"]),
+        "account_created_at": values["created_at"],
     }
-    return {f"account_{column}": value for column, value in row.items()}
+    for n, (_, address) in enumerate(derived):
+        params[f"address_{n}"] = address
+    return params
 
 
 def _account_query(tenant_id: str) -> sa.Select[tuple[DepositAccount]]:
