@@ -11,6 +11,7 @@ cost latency; docs/PERFORMANCE.md has the measurements.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from typing import Any
 
@@ -55,5 +56,18 @@ def serve(
         "keepalive": 30,
         "graceful_timeout": 20,
         "timeout": 60,
+        "post_worker_init": _freeze_heap,
     }
     _Gunicorn(target, options).run()
+
+
+def _freeze_heap(worker: Any) -> None:
+    """Keep what the worker has built so far out of the cyclic collector's full passes.
+
+    The app, its modules and schemas (~200,000 objects for core) live as long as the
+    worker, yet every full collection walked them all: ~0.1 s each, every few thousand
+    requests, ~4 % of an account creation's CPU. Frozen, a full pass walks only what
+    requests made since. Garbage from start-up is collected first.
+    """
+    gc.collect()
+    gc.freeze()
