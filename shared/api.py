@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import inspect
 import json
 import re
 import types
@@ -22,6 +23,7 @@ import marshmallow as ma
 import sqlalchemy as sa
 from eth_utils import is_checksum_address, is_hex_address, to_checksum_address
 from flask import Flask, Request, request
+from flask.json.provider import DefaultJSONProvider
 from sqlalchemy.orm import Session
 from webargs.flaskparser import FlaskParser, is_json_request
 
@@ -148,6 +150,12 @@ class SafeRequest(Request):
     json_module = _RequestJSON
 
 
+#: Arguments of flask-smorest's `arguments` that only document (none reaches webargs).
+_DOCUMENTING_ONLY = frozenset(
+    {"location", "required", "description", "example", "examples", "content_type"}
+)
+
+
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = ArgumentsParser()
 
@@ -156,17 +164,45 @@ class Blueprint(flask_smorest.Blueprint):
 
         webargs builds a new schema from a class on every request (a tenth of a
         simple POST's CPU); loading through one instance is safe, as our schemas
-        keep no per-load state. A JSON body's route also documents its 415.
+        keep no per-load state. A JSON body's route also documents its 415, and is
+        parsed by `_json_arguments` rather than through webargs at each request.
         """
         if isinstance(schema, type):
             schema = schema()
         decorator = super().arguments(schema, *args, **kwargs)
         if kwargs.get("location", "json") != "json":
             return decorator
+        if set(kwargs) - _DOCUMENTING_ONLY or args:
+            raise TypeError("a JSON body's arguments take the schema and documentation only")
         not_json = self.alt_response(
             415, schema=ErrorSchema, description=f"unsupported_media_type: {NOT_JSON}"
         )
-        return lambda func: not_json(decorator(func))
+        return lambda func: not_json(self._json_arguments(schema, decorator, func))
+
+    def _json_arguments(
+        self, schema: ma.Schema, decorator: Callable[[Any], Any], func: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """`func` given its JSON body loaded by `schema`, as webargs' `use_args` does it.
+
+        The same steps (the body as `ArgumentsParser.load_json` reads it, `{}` when
+        there is none, the schema's own `unknown`, errors as `handle_error` words them)
+        in one wrapper: webargs' and flask-smorest's layers (argument preparation, two
+        wrappers, `ensure_sync`) cost more per request than loading the schema. The
+        documentation is what flask-smorest's decorator records.
+        """
+        parser = self.ARGUMENTS_PARSER
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            data = parser.load_json(request, schema)
+            try:
+                parsed = schema.load({} if data is ma.missing else data)
+            except ma.ValidationError as error:
+                raise invalid_request_from(error.messages) from None
+            return func(*args, parsed, **kwargs)
+
+        wrapper._apidoc = decorator(func)._apidoc  # type: ignore[attr-defined]
+        return wrapper
 
     def alt_response(self, *args: Any, **kwargs: Any) -> Any:
         """flask-smorest's `alt_response`: documents only (see `_documenting`)."""
@@ -391,8 +427,8 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     if app.config.get("MAX_CONTENT_LENGTH") is None:
         # Not setdefault: Flask's default config already holds the key (as None).
         app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.json.compact = True  # type: ignore[attr-defined]
+    app.json = JSONProvider(app)
+    app.ensure_sync = functools.partial(_ensure_sync, app)  # type: ignore[method-assign]
     api = Api(app)
     # apispec maps fields by class; Timestamp derives from Field, so name its type.
     api.register_field(Timestamp, "string", "date-time")
@@ -407,6 +443,59 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     install_request_id(app)
     app.before_request(_refuse_leading_double_slash)
     return api
+
+
+class JSONProvider(DefaultJSONProvider):
+    """Flask's JSON as we configure it (compact, keys in the order built), with the
+    encoder of a response built once.
+
+    Flask's provider builds a new `json.JSONEncoder` from its settings for every body
+    it renders; ours renders compact bodies, the API's only kind, through one made at
+    start with the same settings, so the bytes are the same.
+    """
+
+    sort_keys = False
+    compact = True
+
+    def __init__(self, app: Flask) -> None:
+        super().__init__(app)
+        self._compact = json.JSONEncoder(
+            ensure_ascii=self.ensure_ascii,
+            sort_keys=self.sort_keys,
+            separators=(",", ":"),
+            default=self.default,
+        )
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        if kwargs == {"separators": (",", ":")}:
+            return self._compact.encode(obj)
+        return super().dumps(obj, **kwargs)
+
+
+#: Whether each view, hook and handler is a coroutine function, by function (see
+#: `_ensure_sync`); bounded, in case something registers callables per request.
+_COROUTINE: dict[Any, bool] = {}
+_COROUTINE_MAX = 4096
+
+
+def _ensure_sync(app: Flask, func: Callable[..., Any]) -> Callable[..., Any]:
+    """Flask's `ensure_sync`, remembering its answer per function.
+
+    Flask asks `inspect.iscoroutinefunction` of every hook, view and decorator layer
+    on every request (nine times for a POST), though the answer for a function never
+    changes. A bound method is asked about by its function.
+    """
+    target = getattr(func, "__func__", func)
+    try:
+        coroutine = _COROUTINE.get(target)
+    except TypeError:  # unhashable: ask Flask
+        return Flask.ensure_sync(app, func)
+    if coroutine is None:
+        coroutine = inspect.iscoroutinefunction(func)
+        if len(_COROUTINE) >= _COROUTINE_MAX:
+            _COROUTINE.clear()
+        _COROUTINE[target] = coroutine
+    return app.async_to_sync(func) if coroutine else func
 
 
 def _refuse_leading_double_slash() -> None:
