@@ -192,9 +192,7 @@ def create_account(
     BEGIN/COMMIT round trips).
     """
     active = registry.active()
-    statements = _driver_statements(
-        db, tuple((chain.chain_id, registry.position(chain.chain_id)) for chain in active)
-    )
+    statements = _driver_statements(db, registry.active_positions)
     values = _new_account_values(registry, tenant_id, new, api_key_id, now)
     try:
         with db.driver_autocommit() as conn:

@@ -77,15 +77,28 @@ class ChainRegistry:
     default_venue_chain_id: int
     default_venue_asset: str
     _by_id: dict[int, Chain] = field(init=False, repr=False, compare=False)
+    _active: tuple[Chain, ...] = field(init=False, repr=False, compare=False)
+    _positions: dict[int, int] = field(init=False, repr=False, compare=False)
+    #: (chain id, position) of each active chain, in registry order.
+    active_positions: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Derived once: the registry is immutable, and every account creation asks.
         object.__setattr__(self, "_by_id", {c.chain_id: c for c in self.chains})
+        object.__setattr__(self, "_active", tuple(c for c in self.chains if c.is_active))
+        positions = {c.chain_id: i for i, c in reversed(list(enumerate(self.chains)))}
+        object.__setattr__(self, "_positions", positions)
+        object.__setattr__(
+            self,
+            "active_positions",
+            tuple((c.chain_id, positions[c.chain_id]) for c in self._active),
+        )
 
     def get(self, chain_id: int) -> Chain | None:
         return self._by_id.get(chain_id)
 
     def active(self) -> tuple[Chain, ...]:
-        return tuple(c for c in self.chains if c.is_active)
+        return self._active
 
     def require_active(self, chain_id: int) -> Chain:
         """The active chain, or `unsupported_chain` (declared or unknown chains)."""
@@ -99,7 +112,8 @@ class ChainRegistry:
         return chain
 
     def position(self, chain_id: int) -> int:
-        return next(i for i, c in enumerate(self.chains) if c.chain_id == chain_id)
+        """The chain's place in the chains file (KeyError for a chain not in it)."""
+        return self._positions[chain_id]
 
 
 class ChainsFileError(ValueError):
