@@ -211,8 +211,10 @@ class Deliverer:
                 self._send_on([left])
         return outcome
 
-    def keep_waiting(self) -> int:
-        """Keep the rows of the deliveries waiting here for a slot due now; returns how many.
+    def keep_waiting(self, stale_s: float = 0.0) -> int:
+        """Keep the rows of the deliveries waiting here for a slot due now (those not kept
+        within the last `stale_s`: each row is rewritten about once per two rounds, not
+        every round); returns how many rows were kept.
 
         A waiting delivery is due with no lease in the database (so that losing this
         process loses nothing), and the sweeper re-sends deliveries overdue by more than
@@ -220,19 +222,25 @@ class Deliverer:
         endpoints came back from the sweeper once per grace, 500 jobs at a time, ahead
         of everyone's first attempts. Kept fresh more often than the grace, they are
         left to this process; once it dies, the sweeper finds them a grace later.
-        Also sends on those that have waited too long (when no job comes to do it).
+        Also sends on those that have waited `max_wait_s` and can start here now (when
+        no job comes to do it).
         """
         if not len(self.waiting):
             return 0
         self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
         ids = self.waiting.ids()
-        return self.store.keep_due(ids, utcnow()) if ids else 0
+        if not ids:
+            return 0
+        now = utcnow()
+        return self.store.keep_due(ids, now, stale_before=now - timedelta(seconds=stale_s))
 
     def run_keeper(self, stop: threading.Event, interval_s: float) -> None:
         """`keep_waiting` every `interval_s` until `stop`; errors are logged, never fatal."""
         while not stop.wait(interval_s):
             try:
-                self.keep_waiting()
+                # Rows kept last round are left: each is kept every other round (at most
+                # two intervals, two thirds of the grace, old).
+                self.keep_waiting(stale_s=1.5 * interval_s)
             except Exception:
                 log.exception("could not keep the waiting deliveries; the sweeper may re-send")
 
@@ -258,8 +266,8 @@ class Deliverer:
 
     def deliver_group(self, tenant_id: str, items: list[tuple[str, str]]) -> int:
         """A fan-out of one tenant sent as one job ((delivery id, endpoint id) pairs; see
-        broker.DeliveryQueues.enqueue): returns how many of them started here or were
-        sent on.
+        broker.DeliveryQueues.enqueue): returns how many waiting deliveries of the tenant
+        (these or older ones) it started here or sent on.
 
         Each waits in this process for a slot of its tenant (or, behind an open breaker,
         is sent on later), all without a claim; then as many as the tenant may start
@@ -272,8 +280,7 @@ class Deliverer:
                 continue
             if not self._park(delivery_id, endpoint_id, tenant_id, 0, wake=False):
                 self._saturated(delivery_id, 0, route)  # the room is full
-        can_go = lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)  # noqa: E731
-        taken = self.waiting.take(tenant_id, can_go, self.limiter.room(tenant_id))
+        taken = self._startable(tenant_id, self.limiter.room(tenant_id))
         if not taken:
             return 0
         first, rest = taken[0], taken[1:]
@@ -385,13 +392,26 @@ class Deliverer:
     def _wake(self, tenant_id: str) -> None:
         """A slot of the tenant is free: the next delivery waiting for one runs on this
         thread once its job is done (see deliver); outside a job, through the broker."""
-        can_go = lambda endpoint_id: not self.limiter.is_full(endpoint_id, tenant_id)  # noqa: E731
-        taken = self.waiting.take(tenant_id, can_go, 1)
+        taken = self._startable(tenant_id, 1)
         hand = self._hand
         if taken and getattr(hand, "open", False) and getattr(hand, "next", None) is None:
             hand.next = taken[0]
             return
         self._send_on(taken)
+
+    def _startable(self, tenant_id: str, most: int) -> list[Waiting]:
+        """Up to `most` waiting deliveries of the tenant that could start here now, no
+        endpoint given more than its free slots (taken out of the waiting room)."""
+        picked: dict[str, int] = {}
+
+        def can_go(endpoint_id: str) -> bool:
+            n = picked.get(endpoint_id, 0)
+            if n >= self.limiter.endpoint_room(endpoint_id) or not self.limiter.room(tenant_id):
+                return False
+            picked[endpoint_id] = n + 1
+            return True
+
+        return self.waiting.take(tenant_id, can_go, most)
 
     def _send_on(self, entries: list[Waiting]) -> None:
         for entry in entries:

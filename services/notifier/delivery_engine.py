@@ -197,6 +197,13 @@ def start_worker(engine: DeliveryEngine, *, threads: int, stop: threading.Event)
         worker_timeout=250,
     )
     worker.start()
+    if engine.settings.sweep_grace_s < 3 * KEEP_MIN_INTERVAL_S:
+        # Rounds this close to the grace could not keep rows ahead of the sweeper: it
+        # re-sends waiting deliveries, as it would without a keeper (harmless repeats).
+        log.info(
+            "sweep grace under %.2f s: waiting deliveries are not kept due", 3 * KEEP_MIN_INTERVAL_S
+        )
+        return worker
     threading.Thread(
         target=engine.deliverer.run_keeper,
         args=(stop, keep_interval_s(engine.settings)),

@@ -227,15 +227,15 @@ _STREAK_DISABLE = (
     .values(status=DISABLED, disabled_reason=DISABLED_FAILING, updated_at=sa.bindparam("now"))
 )
 
-#: Deliveries waiting in a worker for a slot, still due and unleased: due now (the array
-#: of ids is one parameter).
+#: Deliveries waiting in a worker for a slot, unleased and due since `stale_before`: due
+#: now (the array of ids is one parameter).
 _KEEP_DUE = (
     sa.update(Delivery)
     .where(
         Delivery.id == sa.any_(sa.bindparam("keep_ids", type_=ARRAY(sa.String()))),
         sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
         sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < sa.bindparam("now")),
-        Delivery.next_attempt_at <= sa.bindparam("now"),
+        Delivery.next_attempt_at <= sa.bindparam("stale_before"),
     )
     .values(next_attempt_at=sa.bindparam("now"))
 )
@@ -356,14 +356,22 @@ class DeliveryStore:
         }
         _run(conn, self._stop, params)
 
-    def keep_due(self, delivery_ids: Sequence[str], now: datetime) -> int:
-        """Make each of these deliveries that is still due and unleased due `now` (see
-        actors.Deliverer.keep_waiting); returns how many rows were kept.
+    def keep_due(
+        self, delivery_ids: Sequence[str], now: datetime, *, stale_before: datetime | None = None
+    ) -> int:
+        """Make each of these deliveries that is still unleased and was due at or before
+        `stale_before` (default `now`) due `now` (see actors.Deliverer.keep_waiting);
+        returns how many rows were kept. `next_attempt_at` is indexed, so each rewrite
+        is a new index entry: rows kept lately are left as they are.
 
         One statement with the ids as one array parameter: an expanding IN of a few
         hundred binds took the worker's GIL for ~90 ms per round."""
         with self.db.driver_autocommit() as conn:
-            params = {"keep_ids": list(delivery_ids), "now": now}
+            params = {
+                "keep_ids": list(delivery_ids),
+                "now": now,
+                "stale_before": now if stale_before is None else min(stale_before, now),
+            }
             return int(_run(conn, self._keep_due, params).rowcount)
 
 

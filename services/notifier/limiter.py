@@ -96,6 +96,10 @@ class EndpointLimiter:
             tenant_id, 0
         ) >= self._tenant_cap(tenant_id)
 
+    def endpoint_room(self, endpoint_id: str) -> int:
+        """How many more attempts the endpoint may start here now (a hint: no slot taken)."""
+        return max(0, self.limit - self._busy.get(endpoint_id, 0))
+
     def room(self, tenant_id: str) -> int:
         """How many more attempts the tenant may start here now (a hint: no slot taken)."""
         return max(0, self._tenant_cap(tenant_id) - self._tenants.get(tenant_id, 0))
@@ -156,9 +160,11 @@ class WaitingRoom:
     A put-back delivery is due again at once in the database, but its job waits here
     (in memory) instead of bouncing through the broker every few seconds: when an
     attempt of its tenant ends, the next waiting deliveries whose endpoints have a free
-    slot are sent on, and one that has waited `max_wait_s` is sent on anyway (its
-    tenant's slots may be freeing up in another process). Losing this memory (a
-    restart) loses nothing: the rows are due, and the sweeper sends them.
+    slot are sent on, and one that has waited `max_wait_s` is sent on if it can start
+    here now (else it waits on: an attempt of its tenant here ends soon and wakes it).
+    The worker keeps the rows of waiting deliveries due (actors.Deliverer.keep_waiting)
+    so the sweeper leaves them alone; losing this memory (a restart) loses nothing: the
+    rows are due, and the sweeper sends them a grace later.
     """
 
     #: How far into a tenant's queue a freed slot looks for an endpoint that can go.

@@ -173,10 +173,11 @@ def test_a_freed_slot_runs_the_next_waiting_delivery_without_a_broker_round_trip
     deliverer = pipeline.engine.deliverer
     queues = deliverer.dispatch
     sent_on: list[str] = []
+    send = queues.schedule  # (not `queues.schedule` inside: that is this spy once patched)
 
     def schedule(delivery_id: str, delay_s: float, **kwargs: Any) -> None:
         sent_on.append(delivery_id)
-        queues.schedule(delivery_id, delay_s, **kwargs)
+        send(delivery_id, delay_s, **kwargs)
 
     monkeypatch.setattr(queues, "schedule", schedule)
     parked_before = deliverer.metrics.saturated._value.get()

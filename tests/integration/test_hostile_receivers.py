@@ -232,6 +232,15 @@ def test_a_delivery_waiting_for_a_slot_is_kept_due_so_the_sweeper_leaves_it(
         assert delivery.id not in _swept(p, grace_s=30)
         (row,) = p.deliveries(delivery.event_id)
         assert row.lease_until is None and row.attempt_count == 0
+        # And a row kept lately is not rewritten (its due time is indexed: each rewrite
+        # is a new index entry)
+        assert (
+            deliverer.store.keep_due(
+                [delivery.id], utcnow(), stale_before=row.next_attempt_at - timedelta(seconds=1)
+            )
+            == 0
+        )
+        assert deliverer.store.keep_due([delivery.id], utcnow()) == 1
         # And one grace after the worker stops keeping it (it died), the sweeper finds it
         assert delivery.id in _swept(p, grace_s=30, later_s=31)
     finally:
