@@ -225,9 +225,7 @@ class Deliverer:
         Also sends on those that have waited `max_wait_s` and can start here now (when
         no job comes to do it).
         """
-        if not len(self.waiting):
-            return 0
-        self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
+        self._send_on_overdue()
         ids = self.waiting.ids()
         if not ids:
             return 0
@@ -244,9 +242,13 @@ class Deliverer:
             except Exception:
                 log.exception("could not keep the waiting deliveries; the sweeper may re-send")
 
-    def _deliver_once(self, delivery_id: str, bounces: int, route: Route | None) -> str:
+    def _send_on_overdue(self) -> None:
+        """Send on the waiting deliveries that have waited `max_wait_s` and can start here."""
         if len(self.waiting):
             self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
+
+    def _deliver_once(self, delivery_id: str, bounces: int, route: Route | None) -> str:
+        self._send_on_overdue()
         if route is not None and self._still_waiting(delivery_id, bounces, route):
             return "saturated"
         with self.store.connection() as conn:
@@ -624,8 +626,6 @@ class DeliveryActors:
     """The two Dramatiq actors on the queues of `queues`, running `deliverer` (no globals)."""
 
     def __init__(self, queues: DeliveryQueues, deliverer: Deliverer) -> None:
-        options = {"max_retries": 0}
-
         def deliver(delivery_id: str, bounces: int = 0, route: list[str] | None = None) -> None:
             deliverer.deliver(delivery_id, bounces, _route(route))
 
@@ -634,32 +634,22 @@ class DeliveryActors:
         ) -> None:
             deliverer.deliver(delivery_id, bounces, _route(route))
 
-        self.deliver = dramatiq.Actor(
-            deliver,
-            broker=queues.broker,
-            actor_name=queues.actor_name,
-            queue_name=queues.queue,
-            priority=0,
-            options=dict(options),
-        )
-
         def deliver_group(tenant_id: str, items: list[list[str]]) -> None:
             deliverer.deliver_group(tenant_id, [(d, e) for d, e in items])
 
-        self.deliver_group = dramatiq.Actor(
-            deliver_group,
-            broker=queues.broker,
-            actor_name=queues.group_actor_name,
-            queue_name=queues.queue,
-            priority=0,
-            options=dict(options),
-        )
-        self.deliver_retry = dramatiq.Actor(
-            deliver_retry,
-            broker=queues.broker,
-            actor_name=queues.retry_actor_name,
-            queue_name=queues.retry_queue,
-            # Lower runs first: a worker takes first attempts before retries it fetched.
-            priority=RETRY_PRIORITY,
-            options=dict(options),
+        def actor(fn: Any, name: str, queue: str, priority: int) -> dramatiq.Actor:
+            return dramatiq.Actor(
+                fn,
+                broker=queues.broker,
+                actor_name=name,
+                queue_name=queue,
+                priority=priority,
+                options={"max_retries": 0},
+            )
+
+        self.deliver = actor(deliver, queues.actor_name, queues.queue, 0)
+        self.deliver_group = actor(deliver_group, queues.group_actor_name, queues.queue, 0)
+        # Lower runs first: a worker takes first attempts before retries it fetched.
+        self.deliver_retry = actor(
+            deliver_retry, queues.retry_actor_name, queues.retry_queue, RETRY_PRIORITY
         )

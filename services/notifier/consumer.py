@@ -292,8 +292,6 @@ class EventConsumer:
             channel.connection.sleep(delay)
             return
         self.db_backoff.reset()
-        ids: list[str] = []
-        seen: set[str] = set()
         routes: dict[str, tuple[str, str]] = {}
         for (method, body, _), handled in zip(batch, results, strict=True):
             if handled.malformed is not None:
@@ -303,10 +301,9 @@ class EventConsumer:
                     body[:200],
                 )
                 channel.basic_reject(method.delivery_tag, requeue=False)
-            # A set: a batch of 64 events to 50 endpoints each is 3,200 ids.
-            ids.extend(i for i in handled.delivery_ids if i not in seen)
-            seen.update(handled.delivery_ids)
             routes.update(handled.routes)
+        # Each id once, in order (a batch of 64 events to 50 endpoints is 3,200 ids).
+        ids = list(dict.fromkeys(i for handled in results for i in handled.delivery_ids))
         ctx.hand_off(ids, routes, [handled.delivery_ids for handled in results])
         acked = [m for (m, _, _), h in zip(batch, results, strict=True) if h.malformed is None]
         if acked:

@@ -84,12 +84,7 @@ class NotifierContext:
         if not delivery_ids:
             return
         try:
-            if groups:
-                self.enqueue(list(delivery_ids), routes, groups=groups)
-            elif routes:
-                self.enqueue(list(delivery_ids), routes)
-            else:
-                self.enqueue(list(delivery_ids))
+            self.enqueue(list(delivery_ids), routes, groups=groups)
         except Exception:
             log.exception(
                 "enqueue of %d deliveries failed; the sweeper will send them", len(delivery_ids)

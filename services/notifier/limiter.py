@@ -92,9 +92,7 @@ class EndpointLimiter:
 
     def is_full(self, endpoint_id: str, tenant_id: str) -> bool:
         """Would `try_acquire` refuse now? (A hint, read without the lock: no slot taken.)"""
-        return self._busy.get(endpoint_id, 0) >= self.limit or self._tenants.get(
-            tenant_id, 0
-        ) >= self._tenant_cap(tenant_id)
+        return not (self.endpoint_room(endpoint_id) and self.room(tenant_id))
 
     def endpoint_room(self, endpoint_id: str) -> int:
         """How many more attempts the endpoint may start here now (a hint: no slot taken)."""

@@ -39,7 +39,7 @@ class EnqueueRecorder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def __call__(self, delivery_ids: list[str]) -> None:
+    def __call__(self, delivery_ids: list[str], routes: Any = None, **_: Any) -> None:
         self.calls.append(list(delivery_ids))
 
     @property

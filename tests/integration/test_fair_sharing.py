@@ -197,9 +197,7 @@ def test_an_event_to_many_endpoints_goes_as_one_job_and_reaches_every_endpoint(
     pipeline: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a tenant with 20 endpoints (a fan-out of 16 or more travels as one job)
-    tenant_id = make_tenant(pipeline.db).tenant_id
-    for n in range(20):
-        pipeline.endpoint(tenant_id, rx.url(f"/many{n}"), [events.DEPOSIT_CREDITED], name=f"e{n}")
+    tenant_id = _tenant_with_endpoints(pipeline, rx, "/many")
     deliverer = pipeline.engine.deliverer
     groups: list[int] = []
     run_group = deliverer.deliver_group
@@ -221,9 +219,7 @@ def test_an_event_to_many_endpoints_goes_as_one_job_and_reaches_every_endpoint(
 def test_a_group_for_a_full_tenant_waits_without_a_claim_and_goes_when_slots_free(
     pipeline: Pipeline, rx: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tenant_id = make_tenant(pipeline.db).tenant_id
-    for n in range(20):
-        pipeline.endpoint(tenant_id, rx.url(f"/full{n}"), [events.DEPOSIT_CREDITED], name=f"e{n}")
+    tenant_id = _tenant_with_endpoints(pipeline, rx, "/full")
     deliverer = pipeline.engine.deliverer
     queues = deliverer.dispatch
     enqueued: list[list[str]] = []
@@ -266,3 +262,13 @@ def test_a_group_for_a_full_tenant_waits_without_a_claim_and_goes_when_slots_fre
     pipeline.wait_status(envelope["id"], SUCCEEDED, count=20, timeout=30)
     assert all(len(rx.hits(f"/full{n}")) == 1 for n in range(20))
     assert enqueued and len(enqueued[0]) < 20  # only what the room allowed went as jobs
+
+
+def _tenant_with_endpoints(pipeline: Pipeline, rx: Receiver, prefix: str, count: int = 20) -> str:
+    """A new tenant with `count` endpoints on `rx` (`<prefix>0`...) for deposit.credited."""
+    tenant_id = make_tenant(pipeline.db).tenant_id
+    for n in range(count):
+        pipeline.endpoint(
+            tenant_id, rx.url(f"{prefix}{n}"), [events.DEPOSIT_CREDITED], name=f"e{n}"
+        )
+    return tenant_id
