@@ -8,6 +8,9 @@ never reused, so no two accounts (of any tenants) share an address.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +24,12 @@ from sqlalchemy.orm import Session
 from services.core import outbox
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
-from services.core.models import DepositAccount, DepositAddress, DestinationPolicy
+from services.core.models import (
+    ACCOUNT_SEQUENCE,
+    DepositAccount,
+    DepositAddress,
+    DestinationPolicy,
+)
 from services.core.outbox_wakeup import wake_relay
 from shared import events
 from shared.api import Page, keyset_page
@@ -185,69 +193,148 @@ def create_account(
 
     Without a destination the tenant's policy is copied as it is now. A taken
     externalUserId is 409 `account_exists` (the unique key decides, so concurrent
-    creations cannot both win). Two round trips on the fast executor
-    (`Database.driver_autocommit`): one draws the account's sequence value (its BIP32
-    index) and reads the policy; the addresses are derived from it; then one statement
-    writes the account, its addresses and the outbox row, atomic on its own (no
-    BEGIN/COMMIT round trips).
+    creations cannot both win). On the fast executor (`Database.driver_autocommit`),
+    one statement writes the account, its addresses and the outbox row, atomic on its
+    own (no BEGIN/COMMIT round trips). Its addresses' BIP32 index comes from this
+    process's block of account numbers (`_IndexBlock`). A policy this process has read
+    before is written as the statement finds it or not at all: when the row has changed
+    since, nothing is written and the creation reads the policy again and writes
+    with it (`_PolicyCopies`). So the usual creation is one round trip after the key's.
     """
-    active = registry.active()
-    statements = _driver_statements(db, registry.active_positions)
-    values = _new_account_values(registry, tenant_id, new, api_key_id, now)
+    if new.destination is not None:
+        validate_destination(registry, new.destination)
+    creation = _creation(db, registry.active_positions)
     try:
         with db.driver_autocommit() as conn:
-            start = statements.start
-            pk, *policy = conn.execute(start.sql, {"tenant_id": tenant_id}).fetchone()
-            destination = new.destination or _policy_destination(registry, policy)
-            derived = [(chain.chain_id, deriver.derive(chain.chain_id, pk)) for chain in active]
-            document = _created_document(values, destination, registry, derived)
-            _, event = outbox.event_row(
-                events.ACCOUNT_CREATED, tenant_id, {"depositAccount": document}
-            )
-            params = _write_params(pk, values, destination, derived, event)
-            conn.execute(statements.write.sql, params)
+            index = creation.indices.take(conn)
+            derived = [(c.chain_id, deriver.derive(c.chain_id, index)) for c in registry.active()]
+            draft = _AccountDraft.new(tenant_id, new, api_key_id, now, derived, index)
+            if new.destination is not None:
+                document = draft.write(conn, creation.write, new.destination, registry)
+            else:
+                document = _write_with_policy(conn, creation, registry, draft)
     except psycopg.errors.UniqueViolation as exc:
         raise _account_exists(exc, new) from None
     wake_relay(db)
     return document
 
 
-def _policy_destination(registry: ChainRegistry, policy: list[Any]) -> Destination:
+def _write_with_policy(
+    conn: psycopg.Connection[Any],
+    creation: _Creation,
+    registry: ChainRegistry,
+    draft: _AccountDraft,
+) -> dict[str, Any]:
+    """Write `draft` with the tenant's policy as its destination, as the policy is now."""
+    tenant_id = draft.tenant_id
+    known = creation.policies.get(tenant_id)
+    if known is not None:
+        registry.require_active(known.chain_id)  # a chain may have been retired since
+        document = draft.write(conn, creation.write_if_policy_is, known, registry)
+        if document is not None:
+            return document
+    # Not read yet in this process, or changed since: read it, then write what was read.
+    row = conn.execute(creation.read_policy.sql, {"tenant_id": tenant_id}).fetchone()
+    if row is None:
+        creation.policies.forget(tenant_id)
+    policy = _policy_destination(registry, row)
+    creation.policies.put(tenant_id, policy)
+    document = draft.write(conn, creation.write, policy, registry)
+    assert document is not None, "an unconditional write returns its row"
+    return document
+
+
+def _policy_destination(registry: ChainRegistry, policy: tuple[Any, ...] | None) -> Destination:
     """The tenant's policy as a destination; 422 when there is none."""
-    chain_id, address, token_address = policy
-    if chain_id is None:
+    if policy is None:
         raise DestinationPolicyMissing(
             "give a destination or configure the destination policy "
             "(PUT /v1/destination-policy) first"
         )
+    chain_id, address, token_address = policy
     # The policy was checked when written; its chain may have been retired since.
     registry.require_active(chain_id)
     return Destination(chain_id, address, token_address)
 
 
-def _new_account_values(
-    registry: ChainRegistry,
-    tenant_id: str,
-    new: NewAccount,
-    api_key_id: str | None,
-    now: datetime | None,
-) -> dict[str, Any]:
-    """The account row's own columns (the destination's come from it or the policy)."""
-    if new.destination is not None:
-        validate_destination(registry, new.destination)
-    now = now or utcnow()
-    if now.tzinfo is None:
-        raise ValueError("naive datetime given for an account's timestamps")
-    return {
-        "id": new_id("acc"),
-        "tenant_id": tenant_id,
-        "external_user_id": new.external_user_id,
-        "status": ACTIVE,
-        "dest_set_by_key_id": api_key_id,
-        "metadata": new.metadata,
-        "created_at": now,
-        "updated_at": now,
-    }
+@dataclass(frozen=True)
+class _AccountDraft:
+    """A new account's own values; its destination is given at `write`."""
+
+    tenant_id: str
+    account_id: str
+    external_user_id: str
+    api_key_id: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    #: (chain id, address) per active chain, in the chains file's order.
+    derived: list[tuple[int, str]]
+    #: The BIP32 index the addresses were derived at.
+    address_index: int
+
+    @classmethod
+    def new(
+        cls,
+        tenant_id: str,
+        new: NewAccount,
+        api_key_id: str | None,
+        now: datetime | None,
+        derived: list[tuple[int, str]],
+        address_index: int,
+    ) -> _AccountDraft:
+        now = now or utcnow()
+        if now.tzinfo is None:
+            raise ValueError("naive datetime given for an account's timestamps")
+        return cls(
+            tenant_id=tenant_id,
+            account_id=new_id("acc"),
+            external_user_id=new.external_user_id,
+            api_key_id=api_key_id,
+            metadata=new.metadata,
+            created_at=now,
+            derived=derived,
+            address_index=address_index,
+        )
+
+    def write(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: DriverStatement,
+        destination: Destination,
+        registry: ChainRegistry,
+    ) -> dict[str, Any] | None:
+        """Run one of the write statements with `destination`: the account's document, or
+        None when the statement's condition held back the write."""
+        document = _document(
+            account_id=self.account_id,
+            external_user_id=self.external_user_id,
+            status=ACTIVE,
+            destination=destination,
+            deposit_addresses=deposit_addresses_document(registry, self.derived),
+            metadata=self.metadata,
+            created_at=self.created_at,
+            updated_at=self.created_at,
+        )
+        _, event = outbox.event_row(
+            events.ACCOUNT_CREATED, self.tenant_id, {"depositAccount": document}
+        )
+        params = {
+            **event,
+            "account_id": self.account_id,
+            "account_external_user_id": self.external_user_id,
+            "account_dest_chain_id": destination.chain_id,
+            "account_dest_address": destination.address,
+            "account_dest_token_address": destination.token_address,
+            "account_dest_set_by_key_id": self.api_key_id,
+            "account_metadata": Jsonb(self.metadata),
+            "account_created_at": self.created_at,
+            "account_address_index": self.address_index,
+        }
+        for n, (_, address) in enumerate(self.derived):
+            params[f"address_{n}"] = address
+        if conn.execute(statement.sql, params).fetchone() is None:
+            return None
+        return document
 
 
 #: The unique key that makes a taken externalUserId a 409.
@@ -262,31 +349,12 @@ def _account_exists(exc: psycopg.errors.UniqueViolation, new: NewAccount) -> Acc
     return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
 
 
-def _created_document(
-    values: dict[str, Any],
-    destination: Destination,
-    registry: ChainRegistry,
-    derived: list[tuple[int, str]],
-) -> dict[str, Any]:
-    return _document(
-        account_id=values["id"],
-        external_user_id=values["external_user_id"],
-        status=ACTIVE,
-        destination=destination,
-        deposit_addresses=deposit_addresses_document(registry, derived),
-        metadata=values["metadata"],
-        created_at=values["created_at"],
-        updated_at=values["updated_at"],
-    )
-
-
 def _table(model: type[Any]) -> sa.Table:
     table: sa.Table = model.__table__
     return table
 
 
-# The hot path's statements, built once and compiled once per database (see
-# `_driver_statements`).
+# The hot path's statements, built once and compiled once per database (see `_creation`).
 _ACCOUNTS = _table(DepositAccount)
 _POLICIES = _table(DestinationPolicy)
 _ADDRESSES = _table(DepositAddress)
@@ -294,8 +362,8 @@ _ADDRESSES = _table(DepositAddress)
 #: the tenant is the outbox row's (`tenant_id`, one value for both), and a new account's
 #: `updated_at` is its `created_at`.
 _ACCOUNT_BINDS = {"tenant_id": "tenant_id", "updated_at": "account_created_at"}
+#: The account columns the write statement binds (`pk` is the sequence's, at insert).
 _ACCOUNT_COLUMNS = (
-    "pk",
     "id",
     "tenant_id",
     "external_user_id",
@@ -306,83 +374,124 @@ _ACCOUNT_COLUMNS = (
     "metadata",
     "created_at",
     "updated_at",
+    "address_index",
 )
+#: Account numbers a process draws from the sequence at once, for its addresses' indices.
+INDEX_BLOCK = 64
+#: Tenants' policies a process keeps a copy of (all are forgotten when it would keep more).
+POLICY_COPIES_MAX = 10_000
+
+
+class _IndexBlock:
+    """This process's next BIP32 indices: account numbers drawn `INDEX_BLOCK` at a time.
+
+    The account sequence hands out each number once, either as a pk (at insert) or as
+    an index (here), so no two accounts share an index, older accounts (whose index is
+    their pk) included. Numbers a process drew and did not use are a gap, never reused.
+    A forked child draws its own, never its parent's.
+    """
+
+    def __init__(self, sql: str) -> None:
+        self._sql = sql
+        self._pid = os.getpid()
+        self._free: deque[int] = deque()
+        self._lock = threading.Lock()
+
+    def take(self, conn: psycopg.Connection[Any]) -> int:
+        """The next index; draws a block on `conn` when this process has none left."""
+        if self._pid != os.getpid():
+            self._pid, self._free = os.getpid(), deque()
+        while True:
+            try:
+                return self._free.popleft()
+            except IndexError:
+                with self._lock:
+                    if not self._free:
+                        self._free.extend(row[0] for row in conn.execute(self._sql))
+
+
+class _PolicyCopies:
+    """The destination policy this process last read, per tenant.
+
+    A copy is only ever written on the condition that the policy row still holds
+    exactly its values (`_Creation.write_if_policy_is`), so a stale copy costs a read,
+    never a wrong destination: a policy change applies to the very next creation, in
+    every process.
+    """
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, Destination] = {}
+
+    def get(self, tenant_id: str) -> Destination | None:
+        return self._by_tenant.get(tenant_id)
+
+    def forget(self, tenant_id: str) -> None:
+        self._by_tenant.pop(tenant_id, None)
+
+    def put(self, tenant_id: str, policy: Destination) -> None:
+        if len(self._by_tenant) >= POLICY_COPIES_MAX:
+            self._by_tenant = {}  # a bound, not a ranking: a forgotten copy costs one read
+        self._by_tenant[tenant_id] = policy
 
 
 @dataclass(frozen=True)
-class _DriverStatements:
-    """The create statements compiled for the driver (`Database.driver_statement`)."""
+class _Creation:
+    """A database's account-creation statements (`Database.driver_statement`) and state."""
 
-    #: Draws the account's pk and reads the policy.
-    start: DriverStatement
+    #: Reads the tenant's policy (no row when there is none).
+    read_policy: DriverStatement
     #: The account (binds `account_<column>`, see `_ACCOUNT_BINDS`), its addresses
     #: (`address_<n>`) and the outbox row (binds named as its columns), in one statement.
     write: DriverStatement
+    #: `write`, writing nothing (and returning no row) unless the tenant's policy row
+    #: holds the account's destination.
+    write_if_policy_is: DriverStatement
+    indices: _IndexBlock
+    policies: _PolicyCopies
 
 
-def _driver_statements(db: Database, chains: tuple[tuple[int, int], ...]) -> _DriverStatements:
-    """The statements compiled for `db`'s driver, once per database and set of
-    (chain id, position) of the active chains."""
-    return db.attachment(
-        f"core.accounts.create.{chains}", lambda d: _compile_driver_statements(d, chains)
-    )
+def _creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Creation:
+    """Creation's statements and state for `db`, once per database and set of (chain id,
+    position) of the active chains."""
+    return db.attachment(f"core.accounts.create.{chains}", lambda d: _compile_creation(d, chains))
 
 
-def _compile_driver_statements(
-    db: Database, chains: tuple[tuple[int, int], ...]
-) -> _DriverStatements:
-    """The two statements, with what is fixed for this process written into their text.
+def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Creation:
+    """The statements, with what is fixed for this process written into their text.
 
     Each parameter costs the client a dump per request, so what never changes is SQL
-    text: the account sequence's name (looked up once here, where `pg_get_serial_sequence`
-    in the statement cost a catalog lookup per creation), the status, and each address
-    row's chain id and position (fixed by the chains file for the process's life).
+    text: the account sequence's name, the status, and each
+    address row's chain id and position (fixed by the chains file for the process's life).
     """
-    with db.driver_autocommit() as conn:
-        row = conn.execute(
-            "SELECT pg_get_serial_sequence(%s, %s)", (_ACCOUNTS.name, _ACCOUNTS.c.pk.name)
-        ).fetchone()
-    start = sa.select(
-        sa.func.nextval(sa.literal_column(_sql_text(row[0]))),
-        _POLICIES.c.chain_id,
-        _POLICIES.c.address,
-        _POLICIES.c.token_address,
-    ).select_from(
-        sa.select(sa.literal_column("1").label("one"))
-        .subquery("one")
-        .outerjoin(_POLICIES, _POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
+    draw = sa.select(sa.func.nextval(sa.literal_column(_sql_text(ACCOUNT_SEQUENCE)))).select_from(
+        sa.func.generate_series(sa.literal_column("1"), sa.literal_column(str(INDEX_BLOCK)))
     )
-    account = _ACCOUNTS.insert().values(
-        {
-            column: sa.bindparam(
-                _ACCOUNT_BINDS.get(column, f"account_{column}"), type_=_ACCOUNTS.c[column].type
-            )
-            for column in _ACCOUNT_COLUMNS
-        }
-        | {"status": sa.literal_column(_sql_text(ACTIVE))}
-    )
-    ctes = [account.cte("new_account")]
-    if chains:  # no active chain (a chains file could say so): no empty VALUES
-        addresses = _ADDRESSES.insert().values(
-            [
-                {
-                    "account_pk": sa.bindparam("account_pk", type_=_ADDRESSES.c.account_pk.type),
-                    "chain_id": sa.literal_column(str(int(chain_id))),
-                    "address": sa.bindparam(f"address_{n}", type_=_ADDRESSES.c.address.type),
-                    "position": sa.literal_column(str(int(position))),
-                }
-                for n, (chain_id, position) in enumerate(chains)
-            ]
+    read_policy = sa.select(
+        _POLICIES.c.chain_id, _POLICIES.c.address, _POLICIES.c.token_address
+    ).where(_POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
+    policy_holds = (
+        sa.select(sa.literal_column("1"))
+        .select_from(_POLICIES)
+        .where(
+            _POLICIES.c.tenant_id == sa.bindparam("tenant_id"),
+            _POLICIES.c.chain_id == sa.bindparam("account_dest_chain_id"),
+            _POLICIES.c.address == sa.bindparam("account_dest_address"),
+            _POLICIES.c.token_address == sa.bindparam("account_dest_token_address"),
         )
-        ctes.append(addresses.cte("new_addresses"))
-    statements = _DriverStatements(
-        start=db.driver_statement(start),
-        write=db.driver_statement(outbox.INSERT_EVENT.add_cte(*ctes)),
+        .exists()
     )
-    if statements.start.fixed or statements.write.fixed:
-        # create_account passes its parameters as they are, without DriverStatement.bind.
-        raise ValueError("account creation's statements must take every value as a parameter")
-    return statements
+    creation = _Creation(
+        read_policy=db.driver_statement(read_policy),
+        write=db.driver_statement(_write_statement(chains, None)),
+        write_if_policy_is=db.driver_statement(_write_statement(chains, policy_holds)),
+        indices=_IndexBlock(db.driver_statement(draw).sql),
+        policies=_PolicyCopies(),
+    )
+    for statement in (creation.read_policy, creation.write, creation.write_if_policy_is):
+        if statement.fixed:
+            # create_account passes its parameters as they are, without DriverStatement.bind.
+            raise ValueError("account creation's statements must take every value as a parameter")
+    return creation
 
 
 def _sql_text(value: str) -> str:
@@ -390,29 +499,44 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _write_params(
-    pk: int,
-    values: dict[str, Any],
-    destination: Destination,
-    derived: list[tuple[int, str]],
-    event: dict[str, Any],
-) -> dict[str, Any]:
-    """The write statement's parameters, in one dict (JSON wrapped for psycopg)."""
-    params = {
-        **event,
-        "account_pk": pk,
-        "account_id": values["id"],
-        "account_external_user_id": values["external_user_id"],
-        "account_dest_chain_id": destination.chain_id,
-        "account_dest_address": destination.address,
-        "account_dest_token_address": destination.token_address,
-        "account_dest_set_by_key_id": values["dest_set_by_key_id"],
-        "account_metadata": Jsonb(values["metadata"]),
-        "account_created_at": values["created_at"],
-    }
-    for n, (_, address) in enumerate(derived):
-        params[f"address_{n}"] = address
-    return params
+def _write_statement(
+    chains: tuple[tuple[int, int], ...], condition: sa.ColumnElement[bool] | None
+) -> sa.Executable:
+    """INSERT the account (only when `condition` holds), then its addresses and the outbox
+    row from what it inserted; returns the event id, or no row when nothing was written."""
+    values = sa.select(
+        *(
+            sa.bindparam(_ACCOUNT_BINDS.get(c, f"account_{c}"), type_=_ACCOUNTS.c[c].type)
+            for c in _ACCOUNT_COLUMNS
+        ),
+        sa.literal_column(_sql_text(ACTIVE)),
+    )
+    if condition is not None:
+        values = values.where(condition)
+    account = (
+        _ACCOUNTS.insert()
+        .from_select([*_ACCOUNT_COLUMNS, "status"], values, include_defaults=False)
+        .returning(_ACCOUNTS.c.pk)
+        .cte("new_account")
+    )
+    ctes: list[sa.CTE] = [account]
+    if chains:  # no active chain (a chains file could say so): no address rows
+        rows = [
+            sa.select(
+                account.c.pk,
+                sa.literal_column(str(int(chain_id))),
+                sa.bindparam(f"address_{n}", type_=_ADDRESSES.c.address.type),
+                sa.literal_column(str(int(position))),
+            )
+            for n, (chain_id, position) in enumerate(chains)
+        ]
+        addresses = _ADDRESSES.insert().from_select(
+            ["account_pk", "chain_id", "address", "position"],
+            rows[0] if len(rows) == 1 else sa.union_all(*rows),
+            include_defaults=False,
+        )
+        ctes.append(addresses.cte("new_addresses"))
+    return outbox.insert_event_after(account).add_cte(*ctes)
 
 
 def _account_query(tenant_id: str) -> sa.Select[tuple[DepositAccount]]:

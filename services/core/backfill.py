@@ -69,8 +69,9 @@ def _chain_ids(chain_ids: Sequence[int]) -> sa.Subquery:
 
 def _missing(
     session: Session, chain_ids: Sequence[int], low: int, high: int
-) -> list[tuple[int, int]]:
-    """(account pk, chain id) pairs with no address, for accounts with low < pk <= high."""
+) -> list[tuple[int, int, int]]:
+    """(account pk, its address index, chain id) with no address, for accounts with
+    low < pk <= high."""
     chains = _chain_ids(chain_ids)
     accounts = DepositAccount.__table__
     addresses = DepositAddress.__table__
@@ -80,12 +81,12 @@ def _missing(
         .exists()
     )
     query = (
-        sa.select(accounts.c.pk, chains.c.chain_id)
+        sa.select(accounts.c.pk, accounts.c.address_index, chains.c.chain_id)
         .select_from(accounts.join(chains, sa.true()))
         .where(accounts.c.pk > low, accounts.c.pk <= high, ~has_address)
         .order_by(accounts.c.pk, chains.c.chain_id)
     )
-    return [(int(pk), int(chain_id)) for pk, chain_id in session.execute(query)]
+    return [(int(pk), int(index), int(chain_id)) for pk, index, chain_id in session.execute(query)]
 
 
 def _insert_ignoring_conflicts(session: Session, rows: list[dict[str, object]]) -> list[int]:
@@ -146,11 +147,11 @@ def backfill_batch(
         {
             "account_pk": pk,
             "chain_id": chain_id,
-            # The same derivation as creation: the account pk is the BIP32 index.
-            "address": deriver.derive(chain_id, pk),
+            # The same derivation as creation's, at the account's own index.
+            "address": deriver.derive(chain_id, index),
             "position": registry.position(chain_id),
         }
-        for pk, chain_id in missing
+        for pk, index, chain_id in missing
     ]
     inserted = _insert_ignoring_conflicts(session, rows)
     return int(count), len(inserted), len(set(inserted)), high

@@ -47,16 +47,28 @@ class DestinationPolicy(CoreBase):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+#: The sequence of deposit_accounts.pk (PostgreSQL's name for a serial column's).
+ACCOUNT_SEQUENCE = "deposit_accounts_pk_seq"
+
+
 class DepositAccount(CoreBase):
     __tablename__ = "deposit_accounts"
     __table_args__ = (
         sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
         # GET /v1/deposit-accounts: a tenant's accounts newest first, keyset on pk.
         sa.Index("ix_deposit_accounts_tenant_pk", "tenant_id", "pk"),
+        sa.UniqueConstraint("address_index", name="uq_deposit_accounts_address_index"),
     )
 
-    #: Also the BIP32 index of the account's deposit addresses: never reused.
+    #: In insertion order (lists and the address backfill walk it); never reused.
     pk: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    #: The BIP32 index of the account's deposit addresses: a number of the pk's
+    #: sequence, which hands each number out once (as a pk or as an index), so indices
+    #: never repeat. Accounts created before core_0008 have their pk. Creation takes
+    #: it from its process's block (accounts._IndexBlock); the default serves the rest.
+    address_index: Mapped[int] = mapped_column(
+        sa.BigInteger, server_default=sa.text(f"nextval('{ACCOUNT_SEQUENCE}'::regclass)")
+    )
     id: Mapped[str] = mapped_column(sa.String(40), unique=True)
     tenant_id: Mapped[str] = mapped_column(sa.String(36))
     external_user_id: Mapped[str] = mapped_column(sa.String(255))

@@ -29,10 +29,20 @@ _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: `inline()`: no implicit `RETURNING id` (nothing reads the new row's id).
 _INSERT = _OUTBOX.insert().inline()
 _COLUMNS = ("event_id", "event_type", "tenant_id", "body", "created_at", "request_id")
-#: The same INSERT with a bind parameter per column (for statements built on it).
-INSERT_EVENT = _OUTBOX.insert().values(
-    {column: sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS}
-)
+
+
+def insert_event_after(written: sa.CTE) -> sa.Insert:
+    """INSERT one outbox row (a bind parameter per column, named as it) for each row of
+    `written`, a data-modifying CTE, returning its event id: the event is stored exactly
+    when what it reports was (for statements that write both at once)."""
+    values = sa.select(
+        *(sa.bindparam(column, type_=_OUTBOX.c[column].type) for column in _COLUMNS)
+    ).select_from(written)
+    return (
+        _OUTBOX.insert()
+        .from_select(list(_COLUMNS), values, include_defaults=False)
+        .returning(_OUTBOX.c.event_id)
+    )
 
 
 @lru_cache(maxsize=64)

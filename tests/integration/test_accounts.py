@@ -3,6 +3,7 @@ their outbox events, idempotency and tenant isolation."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from typing import Any
@@ -115,10 +116,10 @@ def test_created_account_has_one_address_per_active_chain(
     addresses = [entry["address"] for entry in account["depositAddresses"]]
     assert len(set(addresses)) == 3
 
-    # And each address is the one the deposit xprv signs for at <chainId>/<pk>
-    pk = _account_row(pg_db, account["id"]).pk
+    # And each address is the one the deposit xprv signs for at <chainId>/<address index>
+    index = _account_row(pg_db, account["id"]).address_index
     for entry in account["depositAddresses"]:
-        key = private_key_for(keys.test_xprv(), entry["chainId"], pk)
+        key = private_key_for(keys.test_xprv(), entry["chainId"], index)
         assert Account.from_key(key).address == entry["address"]
 
     # And GET answers the same document
@@ -615,9 +616,140 @@ def test_the_stored_rows_and_the_event_are_the_document(
             .order_by(DepositAddress.chain_id)
         ).all()
     assert [tuple(r) for r in stored] == sorted(
-        (c.chain_id, deriver.derive(c.chain_id, row.pk), registry.position(c.chain_id))
+        (c.chain_id, deriver.derive(c.chain_id, row.address_index), registry.position(c.chain_id))
         for c in registry.active()
     )
     # And the event carries exactly the document
     events = outbox_events(pg_db, policy_tenant.tenant_id, CREATED)
     assert events[-1]["data"] == {"depositAccount": document}
+
+
+# --- creation's two round trips: a process's policy copies and blocks of indices -----
+
+
+def _policy_row(db: Database, tenant_id: str, statement: str, **values: Any) -> None:
+    """Change a tenant's policy row as another process would (behind this one's back)."""
+    with db.transaction() as session:
+        session.execute(sa.text(statement), {"tenant_id": tenant_id, **values})
+
+
+def test_a_policy_changed_by_another_process_reaches_the_very_next_creation(
+    client: FlaskClient, tenant: TenantKeys, pg_db: Database
+) -> None:
+    # Given a policy this process has copied by creating an account with it
+    put_policy(client, tenant, chain_id=8453, address=WALLET, token_address=USDC_BASE)
+    first = create_account(client, tenant)
+    assert first["destination"] == destination(8453, WALLET, USDC_BASE)
+
+    # When another process changes the policy (only the row changes, not this process's copy)
+    _policy_row(
+        pg_db,
+        tenant.tenant_id,
+        "UPDATE destination_policies SET chain_id = 137, address = :address, "
+        "token_address = :token WHERE tenant_id = :tenant_id",
+        address=WALLET_2,
+        token=USDC_POLYGON,
+    )
+
+    # Then the next account takes the policy as it is now, in its answer, row and event
+    second = create_account(client, tenant)
+    assert second["destination"] == destination(137, WALLET_2, USDC_POLYGON)
+    row = _account_row(pg_db, second["id"])
+    assert (row.dest_chain_id, row.dest_address, row.dest_token_address) == (
+        137,
+        WALLET_2,
+        USDC_POLYGON,
+    )
+    created = outbox_events(pg_db, tenant.tenant_id, CREATED)
+    assert [e["data"]["depositAccount"] for e in created] == [first, second]
+    # And the attempt its stale copy held back wrote nothing (one row per account)
+    assert _count_accounts(pg_db, tenant.tenant_id) == 2
+
+    # And a change back is seen as well (the copy is not trusted, only checked)
+    _policy_row(
+        pg_db,
+        tenant.tenant_id,
+        "UPDATE destination_policies SET chain_id = 8453, address = :address, "
+        "token_address = :token WHERE tenant_id = :tenant_id",
+        address=WALLET,
+        token=USDC_BASE,
+    )
+    assert create_account(client, tenant)["destination"] == destination(8453, WALLET, USDC_BASE)
+
+
+def test_a_policy_deleted_by_another_process_is_422_and_writes_nothing(
+    client: FlaskClient, tenant: TenantKeys, pg_db: Database
+) -> None:
+    # Given a policy this process has copied
+    put_policy(client, tenant, chain_id=8453, address=WALLET, token_address=USDC_BASE)
+    create_account(client, tenant)
+
+    # When another process deletes it
+    _policy_row(
+        pg_db, tenant.tenant_id, "DELETE FROM destination_policies WHERE tenant_id = :tenant_id"
+    )
+
+    # Then a creation without a destination is 422 and writes nothing
+    response = client.post(PATH, json={"externalUserId": _uid()}, headers=tenant.headers)
+    assert_error(response, 422, "destination_policy_missing")
+    assert _count_accounts(pg_db, tenant.tenant_id) == 1
+    assert len(outbox_events(pg_db, tenant.tenant_id, CREATED)) == 1
+    # And a new policy is taken at once
+    put_policy(client, tenant, chain_id=1, address=WALLET_3, token_address=USDT_ETH)
+    assert create_account(client, tenant)["destination"] == destination(1, WALLET_3, USDT_ETH)
+
+
+def test_indices_come_from_blocks_while_accounts_list_in_creation_order(
+    client: FlaskClient, policy_tenant: TenantKeys, pg_db: Database, core_context: CoreContext
+) -> None:
+    # Given accounts created while another process's block (drawn earlier) is unused
+    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    with pg_db.driver_autocommit() as conn:
+        other_process = accounts._IndexBlock(creation.indices._sql)
+        held = other_process.take(conn)
+    made = [create_account(client, policy_tenant) for _ in range(3)]
+    # (the other process's next index is still the next of its block)
+    with pg_db.driver_autocommit() as conn:
+        last_index = other_process.take(conn)
+    assert last_index == held + 1
+
+    # Then the list is newest first by creation (pk at insert), not by index
+    rows = [_account_row(pg_db, a["id"]) for a in made]
+    assert [r.pk for r in rows] == sorted(r.pk for r in rows)
+    listed = client.get(PATH, headers=policy_tenant.headers).get_json()["depositAccounts"]
+    assert [a["id"] for a in listed[:3]] == [a["id"] for a in reversed(made)]
+    # And no index repeats a pk or an index handed out before, the other block's included
+    indices = [r.address_index for r in rows]
+    assert len(set(indices)) == 3 and not {held, last_index} & set(indices)
+    with pg_db.reader() as session:
+        taken = session.execute(
+            sa.select(sa.func.count()).where(
+                DepositAccount.address_index.in_([held, last_index, *indices])
+            )
+        ).scalar_one()
+    assert taken == 3
+
+
+def test_a_forked_process_draws_its_own_block(pg_db: Database, core_context: CoreContext) -> None:
+    # Given a process holding a block of indices
+    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    block = accounts._IndexBlock(creation.indices._sql)
+    with pg_db.driver_autocommit() as conn:
+        parent_first = block.take(conn)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a connection of its own, never the parent's
+        try:
+            with psycopg.connect(pg_db.libpq_url, autocommit=True) as conn:
+                os.write(write, str(block.take(conn)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_first = int(pipe.read())
+    os.waitpid(pid, 0)
+    # Then the child's index is from a block of its own, and the parent's block goes on
+    with pg_db.driver_autocommit() as conn:
+        parent_next = block.take(conn)
+    assert parent_next == parent_first + 1
+    assert not parent_first <= child_first < parent_first + accounts.INDEX_BLOCK

@@ -38,6 +38,13 @@ def _max_pk(db: Database) -> int:
         return int(session.scalar(sa.select(sa.func.max(DepositAccount.pk))) or 0)
 
 
+def _address_indices(db: Database) -> dict[int, int]:
+    """Each account's BIP32 index, by pk."""
+    with db.reader() as session:
+        rows = session.execute(sa.select(DepositAccount.pk, DepositAccount.address_index))
+        return {pk: index for pk, index in rows}
+
+
 def _addresses(db: Database, after_pk: int) -> dict[int, dict[int, tuple[str, int]]]:
     """{account pk: {chain id: (address, position)}} for accounts above `after_pk`."""
     out: dict[int, dict[int, tuple[str, int]]] = {}
@@ -105,6 +112,7 @@ def test_an_activated_chain_reaches_existing_accounts(
 
     # Then each account got exactly the address creation would have derived, at X's position
     stored = _addresses(pg_db, floor)
+    indices = _address_indices(pg_db)
     assert len(stored) == 3
     assert result.accounts_scanned == 3
     assert result.addresses_added == 3
@@ -113,7 +121,7 @@ def test_an_activated_chain_reaches_existing_accounts(
     assert result.complete
     for pk, chains in stored.items():
         assert set(chains) == {1, x, 137, 8453}
-        assert chains[x] == (new.deriver.derive(x, pk), new.registry.position(x))
+        assert chains[x] == (new.deriver.derive(x, indices[pk]), new.registry.position(x))
         assert chains[x][1] == 1
 
     # And the GET lists it in chains-file order, with X's assets
@@ -195,7 +203,8 @@ def test_a_concurrent_runner_waits_and_adds_nothing_twice(
     assert outcome["result"].addresses_added == 0
     assert outcome["result"].accounts_scanned == 5
     stored = _addresses(pg_db, floor)
-    assert all(chains[x][0] == deriver.derive(x, pk) for pk, chains in stored.items())
+    indices = _address_indices(pg_db)
+    assert all(chains[x][0] == deriver.derive(x, indices[pk]) for pk, chains in stored.items())
 
 
 def test_runners_and_account_creation_at_once_add_each_address_once(
@@ -247,10 +256,11 @@ def test_runners_and_account_creation_at_once_add_each_address_once(
 
     # Then every account has X's derived address, and each was added exactly once in all
     stored = _addresses(pg_db, floor)
+    indices = _address_indices(pg_db)
     assert len(stored) == 70
     for pk, chains in stored.items():
         assert set(chains) == {venue, x}
-        assert chains[x] == (deriver.derive(x, pk), new.position(x))
+        assert chains[x] == (deriver.derive(x, indices[pk]), new.position(x))
     lacking = 40 + 15  # the accounts created without X
     assert sum(r.addresses_added for r in [*results, final]) == lacking
     assert final.accounts_scanned == 70

@@ -79,13 +79,16 @@ def test_the_pass_in_small_chunks(
     db = _migrated(empty_url)
     new_file, old, new = _registries(tmp_path)
     ctx = CoreContext.build(core_config(db.url, tmp_path, chains_file=new_file), db=db)
-    pks = [make_account(db, TENANT, old, dest_chain_id=VENUE).pk for _ in range(5)]
+    made = [make_account(db, TENANT, old, dest_chain_id=VENUE) for _ in range(5)]
+    pks = [account.pk for account in made]
 
     # When the backfill runs, Then each gets the derived address at the chain's position
     result = backfill_addresses(db, new, ctx.deriver, batch=3)
     assert (result.accounts_scanned, result.addresses_added, result.accounts_changed) == (5, 5, 5)
     assert result.watermark == max(pks) and result.complete
-    assert _new_chain_addresses(db) == {pk: (ctx.deriver.derive(NEW, pk), 1) for pk in pks}
+    assert _new_chain_addresses(db) == {
+        a.pk: (ctx.deriver.derive(NEW, a.address_index), 1) for a in made
+    }
 
     # And a second run adds nothing
     again = backfill_addresses(db, new, ctx.deriver)
@@ -120,10 +123,15 @@ def test_the_worker_loop_survives_a_failing_database_and_catches_up(
         _wait_for(lambda: set(_new_chain_addresses(db)) == set(first), "the full pass")
 
         # And accounts an old deploy creates later are picked up by incremental passes
-        later = [make_account(db, TENANT, old, dest_chain_id=VENUE).pk for _ in range(2)]
-        _wait_for(lambda: set(_new_chain_addresses(db)) == {*first, *later}, "an incremental pass")
+        later = [make_account(db, TENANT, old, dest_chain_id=VENUE) for _ in range(2)]
+        later_pks = {a.pk for a in later}
+        _wait_for(
+            lambda: set(_new_chain_addresses(db)) == {*first, *later_pks}, "an incremental pass"
+        )
         assert any("incremental pass" in r.message for r in caplog.records)
-        assert _new_chain_addresses(db)[later[0]][0] == ctx.deriver.derive(NEW, later[0])
+        assert _new_chain_addresses(db)[later[0].pk][0] == ctx.deriver.derive(
+            NEW, later[0].address_index
+        )
     finally:
         stop.set()
         thread.join(WAIT_S)

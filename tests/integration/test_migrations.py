@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -13,6 +15,7 @@ from services.notifier.models import NotifierBase
 from shared import components, migrate
 from shared.identity.models import IdentityBase
 from shared.migrate import _only_own_tables
+from tests.support.services import create_database, drop_database
 
 pytestmark = pytest.mark.integration
 
@@ -45,3 +48,40 @@ def test_upgrading_twice_on_postgresql_is_a_no_op(pg_url: str) -> None:
     for component, _ in COMPONENTS:
         migrate.upgrade(component, pg_url)
         assert migrate.is_current(component, pg_url)
+
+
+def test_core_0008_gives_existing_accounts_their_pk_as_address_index() -> None:
+    # Given accounts created before core_0008, where the pk was the BIP32 index
+    name = f"settle_test_migrate_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    engine = sa.create_engine(url)
+    try:
+        migrate.upgrade(components.IDENTITY, url)
+        migrate.upgrade(components.CORE, url, "core_0007")
+        insert = sa.text(
+            "INSERT INTO deposit_accounts (id, tenant_id, external_user_id, status, "
+            "dest_chain_id, dest_address, dest_token_address, metadata, created_at, "
+            "updated_at) VALUES (:id, 'ten_x', :id, 'active', 1, '0x0', '0x0', '{}', now(), "
+            "now()) RETURNING pk"
+        )
+        with engine.begin() as conn:
+            old = [conn.execute(insert, {"id": f"acc_{n}"}).scalar_one() for n in range(3)]
+
+        # When core is upgraded
+        migrate.upgrade(components.CORE, url)
+
+        # Then they keep their addresses (index = pk), and a later account's index repeats
+        # no index or pk handed out before
+        with engine.begin() as conn:
+            rows = dict(
+                conn.execute(sa.text("SELECT pk, address_index FROM deposit_accounts")).all()
+            )
+            assert rows == {pk: pk for pk in old}
+            pk = conn.execute(insert, {"id": "acc_new"}).scalar_one()
+            index = conn.execute(
+                sa.text("SELECT address_index FROM deposit_accounts WHERE pk = :pk"), {"pk": pk}
+            ).scalar_one()
+        assert index not in old and pk not in old and index != pk
+    finally:
+        engine.dispose()
+        drop_database(name)

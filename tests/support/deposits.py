@@ -130,6 +130,8 @@ class AccountRef:
     tenant_id: str
     external_user_id: str
     addresses: dict[int, str]
+    #: The BIP32 index its addresses are derived at.
+    address_index: int = 0
 
     def address(self, chain_id: int = TEST_CHAIN_ID) -> str:
         return self.addresses[chain_id]
@@ -193,14 +195,21 @@ def insert_account(
     session.flush()
     addresses = {}
     for position, chain in enumerate(registry.active()):
-        address = deriver.derive(chain.chain_id, account.pk)
+        address = deriver.derive(chain.chain_id, account.address_index)
         session.add(
             DepositAddress(
                 account_pk=account.pk, chain_id=chain.chain_id, address=address, position=position
             )
         )
         addresses[chain.chain_id] = address
-    return AccountRef(account.pk, account.id, tenant_id, account.external_user_id, addresses)
+    return AccountRef(
+        account.pk,
+        account.id,
+        tenant_id,
+        account.external_user_id,
+        addresses,
+        account.address_index,
+    )
 
 
 def set_fee(db: Database, chain_id: int, fee_usd: str) -> None:

@@ -1,0 +1,47 @@
+"""each account's BIP32 index as a column of its own (no longer its pk)
+
+Account creation takes its addresses' index from a block of account numbers its
+process drew ahead, so the index is known before the one statement that writes the
+account; the pk stays the sequence's value at insert, in insertion order. Both come
+from the pk's sequence, which gives each number once, so an index never repeats one
+given before (existing accounts keep their pk as their index).
+
+Revision ID: core_0008
+Revises: core_0007
+Create Date: 2026-11-24 14:20:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "core_0008"
+down_revision: str | None = "core_0007"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("deposit_accounts", sa.Column("address_index", sa.BigInteger(), nullable=True))
+    op.execute("UPDATE deposit_accounts SET address_index = pk")
+    op.alter_column(
+        "deposit_accounts",
+        "address_index",
+        nullable=False,
+        server_default=sa.text("nextval('deposit_accounts_pk_seq'::regclass)"),
+    )
+    op.create_unique_constraint(
+        "uq_deposit_accounts_address_index", "deposit_accounts", ["address_index"]
+    )
+
+
+def downgrade() -> None:
+    # Accounts whose index is not their pk cannot go back: their addresses would change.
+    op.execute(
+        "DO $$ BEGIN IF EXISTS (SELECT 1 FROM deposit_accounts WHERE address_index <> pk) THEN "
+        "RAISE EXCEPTION 'accounts with an address index other than their pk exist'; "
+        "END IF; END $$"
+    )
+    op.drop_constraint("uq_deposit_accounts_address_index", "deposit_accounts", type_="unique")
+    op.drop_column("deposit_accounts", "address_index")
