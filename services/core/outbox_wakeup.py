@@ -8,7 +8,9 @@ only marks its session (`request_wakeup`); after the
 commit, an `after_commit` callback pokes this process's `RelayWaker`, whose own
 thread sends `NOTIFY settle_outbox` on its own autocommit connection. Pokes that
 arrive while one `NOTIFY` is under way, or within `MIN_GAP_S` of it, are covered by
-the next one: at most one `NOTIFY` per 5 ms per process, not one per commit.
+the next one: at most one `NOTIFY` per 50 ms per process, not one per commit. The
+relay, once woken, looks again every few milliseconds for longer than the gap
+(`relay.HOT_WINDOW_S`), so a commit in the gap waits for its next look, not the gap.
 
 The wake-up is an optimisation of latency only: the relay polls as well, so a lost
 `NOTIFY` (notifier connection down, process killed between commit and poke) delays
@@ -40,11 +42,12 @@ IDLE_WAIT_S = 1.0
 #: At most this long is spent at interpreter exit sending a wake-up still owed.
 EXIT_FLUSH_S = 1.0
 #: At most one NOTIFY per this many seconds (per process): commits within it share the
-#: next one. Each NOTIFY costs a thread switch, a round trip and server CPU (about
-#: 0.2 ms of the machine's CPU, docs/PERFORMANCE.md), so a busy API sending one per
-#: commit spent a tenth of an account creation on wake-ups the relay, busy draining,
-#: did not need. A commit after a quiet spell still sends at once.
-MIN_GAP_S = 0.005
+#: next one, and the relay's looks after a wake-up (relay.HOT_WINDOW_S) find them
+#: sooner. Each NOTIFY costs a thread switch, a round trip and server CPU (about
+#: 0.2 ms of the machine's CPU, docs/PERFORMANCE.md); at one per 5 ms, a busy API's
+#: wake-ups made its throughput swing by a third from run to run (docs/PERFORMANCE.md).
+#: A commit after a quiet spell still sends at once.
+MIN_GAP_S = 0.05
 #: Pause after a failed NOTIFY before connecting again (the relay polls meanwhile).
 RETRY_PAUSE_S = 1.0
 CONNECT_TIMEOUT_S = 5

@@ -5,10 +5,12 @@ transaction that locked it (`FOR UPDATE SKIP LOCKED` on PostgreSQL, so several
 relays share the work without publishing a row twice at once). A crash between
 the confirm and the commit publishes the row again: at least once, never lost.
 
-The relay wakes the moment an outbox transaction commits: on PostgreSQL through
-`LISTEN settle_outbox` (outbox.emit sends `NOTIFY` in the writer's transaction),
-in the embedded mode through a `threading.Event` set by an `after_commit` hook.
-Polling every `poll_s` is only the fallback.
+The relay wakes the moment an outbox transaction commits: through `LISTEN
+settle_outbox`, to which each writing process sends at most one `NOTIFY` per
+`outbox_wakeup.MIN_GAP_S` (after the commit, from a thread of its own). Commits
+within that gap send none, so after a wake-up or a published row the relay looks
+again every `HOT_POLL_S` for `HOT_WINDOW_S` (longer than the gap): a commit during a
+burst waits at most a look for the relay. Polling every `poll_s` is only the fallback.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sqlalchemy.orm import Session
 from services.core.config import CoreConfig
 from services.core.models import OutboxEvent
 from services.core.outbox import NOTIFY_CHANNEL
+from services.core.outbox_wakeup import MIN_GAP_S
 from shared.backoff import Backoff
 from shared.bus import BusNames, EventPublisher, OutgoingEvent, PublishError, RabbitPublisher
 from shared.db import Database
@@ -43,6 +46,13 @@ BATCH_SIZE = 500
 #: Reconnect backoff while rows wait and the bus is down: first and longest wait.
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 30.0
+#: While events flow, the relay looks this often for rows whose commit sent no NOTIFY
+#: (one came from the same process less than MIN_GAP_S before)...
+HOT_POLL_S = 0.005
+#: ...until this long after its last wake-up or published row. Longer than the gap, so
+#: every commit is either NOTIFYed or falls in a window (by HOT_POLL_S at worst). An
+#: isolated event costs the relay HOT_WINDOW_S / HOT_POLL_S empty looks (12).
+HOT_WINDOW_S = MIN_GAP_S + 0.01
 #: How often the relay re-reads the outbox lag for its gauge while busy.
 LAG_REFRESH_S = 5.0
 
@@ -229,9 +239,11 @@ def run_relay(
     batch_size: int = BATCH_SIZE,
     metrics: RelayMetrics | None = None,
 ) -> None:
-    """Relay until `stop`: drain, then sleep until a commit (LISTEN), a poll tick or `stop`."""
+    """Relay until `stop`: drain, then sleep until a commit (LISTEN), a poll tick or `stop`
+    (after a wake-up or a published row, only a look's while: `HOT_WINDOW_S`)."""
     listener = _Listener(db)
     backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
+    hot_until = 0.0
     with _closing(publisher_factory()) as publisher:
         log.info("outbox relay started")
         try:
@@ -253,7 +265,16 @@ def run_relay(
                 backoff.reset()
                 if published >= batch_size:
                     continue  # more may wait: drain before sleeping
-                _sleep(listener, stop, poll_s)
+                if published:
+                    hot_until = time.monotonic() + HOT_WINDOW_S
+                hot_for = hot_until - time.monotonic()
+                woke = (
+                    listener.wait(min(HOT_POLL_S, hot_for))
+                    if hot_for > 0
+                    else _sleep(listener, stop, poll_s)
+                )
+                if woke:
+                    hot_until = time.monotonic() + HOT_WINDOW_S
                 try:
                     publisher.keepalive()
                 except Exception:  # a broken connection is reopened by the next publish
@@ -264,16 +285,17 @@ def run_relay(
             log.info("outbox relay stopped")
 
 
-def _sleep(listener: _Listener, stop: threading.Event, poll_s: float) -> None:
-    """Until the next commit (or poll tick), and never longer than a stop check allows."""
+def _sleep(listener: _Listener, stop: threading.Event, poll_s: float) -> bool:
+    """Until the next commit (True) or poll tick, and never longer than a stop check allows."""
     deadline = time.monotonic() + poll_s
     while not stop.is_set():
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return
+            return False
         # Short slices so `stop` is seen promptly while no commit comes.
         if listener.wait(min(remaining, 0.5)):
-            return
+            return True
+    return False
 
 
 def relay_publisher_factory(config: CoreConfig) -> PublisherFactory:

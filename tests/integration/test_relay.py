@@ -341,3 +341,35 @@ def test_rows_confirmed_before_a_failure_are_marked_and_the_rest_wait(db: Databa
     marks = _published_at(db, emitted)
     assert [marks[i] is not None for i in emitted] == [True, True, False, False, False]
     assert emitted[:2] == [i for i in seen if i in emitted]
+
+
+def test_a_commit_in_the_notify_gap_is_relayed_without_a_notify_or_a_poll(db: Database) -> None:
+    """A writer sends at most one NOTIFY per MIN_GAP_S; commits in the gap after one send
+    none. The relay, woken by the first, looks again for a while and finds them."""
+    _relay_all(db, InProcessBus(lambda body: None))  # earlier tests' rows go first
+    quiet_envelope, quiet_row = outbox.event_row(events.DEPOSIT_CREDITED, "ten_gap", {"n": 2})
+    received: list[dict[str, Any]] = []
+
+    def handle(body: bytes) -> None:
+        envelope = json.loads(body)
+        received.append(envelope)
+        if len(received) == 1:
+            # While the first is being published: an event whose commit sends no NOTIFY
+            # (as one committed right after another NOTIFY of its process would)
+            with db.engine.begin() as conn:
+                conn.execute(sa.insert(OutboxEvent).values(quiet_row))
+
+    # Given a relay polling only every 30 s
+    stop = threading.Event()
+    thread = start_relay_thread(db, lambda: InProcessBus(handle), stop, poll_s=30)
+    try:
+        time.sleep(0.3)
+        # When an event commits (NOTIFY), and a second one while the relay publishes it
+        (first,) = _emit(db)
+        # Then both reach the bus, the second without any NOTIFY, well before the poll
+        wait_until(lambda: len(received) == 2, 5, "the quiet event on the bus")
+        assert [e["id"] for e in received] == [first["id"], quiet_envelope["id"]]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
