@@ -57,7 +57,6 @@ class DepositAccount(CoreBase):
         sa.UniqueConstraint("tenant_id", "external_user_id", name="uq_account_tenant_user"),
         # GET /v1/deposit-accounts: a tenant's accounts newest first, keyset on pk.
         sa.Index("ix_deposit_accounts_tenant_pk", "tenant_id", "pk"),
-        sa.UniqueConstraint("address_index", name="uq_deposit_accounts_address_index"),
     )
 
     #: In insertion order (lists and the address backfill walk it); never reused.
@@ -66,6 +65,8 @@ class DepositAccount(CoreBase):
     #: sequence, which hands each number out once (as a pk or as an index), so indices
     #: never repeat. Accounts created before core_0008 have their pk. Creation takes
     #: it from its process's block (accounts._IndexBlock); the default serves the rest.
+    #: Not indexed: nothing looks an account up by it, and a repeated index would meet
+    #: the addresses' unique key (same index and chain, same address) and write nothing.
     address_index: Mapped[int] = mapped_column(
         sa.BigInteger, server_default=sa.text(f"nextval('{ACCOUNT_SEQUENCE}'::regclass)")
     )

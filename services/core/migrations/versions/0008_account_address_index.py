@@ -4,7 +4,8 @@ Account creation takes its addresses' index from a block of account numbers its
 process drew ahead, so the index is known before the one statement that writes the
 account; the pk stays the sequence's value at insert, in insertion order. Both come
 from the pk's sequence, which gives each number once, so an index never repeats one
-given before (existing accounts keep their pk as their index).
+given before (existing accounts keep their pk as their index). No index: nothing looks
+an account up by it, and the addresses' unique key already refuses a repeated one.
 
 Revision ID: core_0008
 Revises: core_0007
@@ -31,9 +32,6 @@ def upgrade() -> None:
         nullable=False,
         server_default=sa.text("nextval('deposit_accounts_pk_seq'::regclass)"),
     )
-    op.create_unique_constraint(
-        "uq_deposit_accounts_address_index", "deposit_accounts", ["address_index"]
-    )
 
 
 def downgrade() -> None:
@@ -43,5 +41,4 @@ def downgrade() -> None:
         "RAISE EXCEPTION 'accounts with an address index other than their pk exist'; "
         "END IF; END $$"
     )
-    op.drop_constraint("uq_deposit_accounts_address_index", "deposit_accounts", type_="unique")
     op.drop_column("deposit_accounts", "address_index")
