@@ -1,8 +1,9 @@
 """Deposit accounts: create (inheriting the policy at creation time), read, list, re-point.
 
 Each write and its outbox event commit in one transaction (the caller's session).
-An account's `pk` is the BIP32 index of its deposit addresses: a sequence value,
-never reused, so no two accounts (of any tenants) share an address.
+An account's `address_index` is the BIP32 index of its deposit addresses: a number
+of the accounts' sequence, never reused, so no two accounts (of any tenants) share an
+address. Its `pk` is the sequence's value at insert: lists walk it in creation order.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def _rows_wait(db: Database) -> bool:
     try:
         with db.driver_autocommit() as conn:
             row = conn.execute(_ROWS_WAIT).fetchone()
-    except psycopg.Error:
+    except (psycopg.Error, sa.exc.SQLAlchemyError):  # down, or no connection free in time
         return True
     return bool(row[0])
 
