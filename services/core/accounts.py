@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -241,7 +242,8 @@ def _write_with_policy(
     policy = _policy_destination(registry, row)
     creation.policies.put(tenant_id, policy)
     document = draft.write(conn, creation.write, policy, registry)
-    assert document is not None, "an unconditional write returns its row"
+    if document is None:  # an unconditional write returns its row or raises
+        raise RuntimeError("the account's write returned no row")
     return document
 
 
@@ -389,19 +391,26 @@ class _IndexBlock:
     The account sequence hands out each number once, either as a pk (at insert) or as
     an index (here), so no two accounts share an index, older accounts (whose index is
     their pk) included. Numbers a process drew and did not use are a gap, never reused.
-    A forked child draws its own, never its parent's.
+    A forked child draws its own, never its parent's (`os.register_at_fork`).
     """
 
     def __init__(self, sql: str) -> None:
         self._sql = sql
-        self._pid = os.getpid()
         self._free: deque[int] = deque()
         self._lock = threading.Lock()
+        # In the child, before any of its threads runs: the parent's numbers are the
+        # parent's, and a lock held by a parent's thread at fork time would never free.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _IndexBlock._forget(ref))
+
+    @staticmethod
+    def _forget(ref: weakref.ref[_IndexBlock]) -> None:
+        block = ref()
+        if block is not None:
+            block._free, block._lock = deque(), threading.Lock()
 
     def take(self, conn: psycopg.Connection[Any]) -> int:
         """The next index; draws a block on `conn` when this process has none left."""
-        if self._pid != os.getpid():
-            self._pid, self._free = os.getpid(), deque()
         while True:
             try:
                 return self._free.popleft()
@@ -415,9 +424,10 @@ class _PolicyCopies:
     """The destination policy this process last read, per tenant.
 
     A copy is only ever written on the condition that the policy row still holds
-    exactly its values (`_Creation.write_if_policy_is`), so a stale copy costs a read,
-    never a wrong destination: a policy change applies to the very next creation, in
-    every process.
+    exactly its values (`_Creation.write_if_policy_is`), so a stale copy costs two more
+    round trips (the read and the write after the one that wrote nothing), never a
+    wrong destination: a policy change applies to the very next creation, in every
+    process.
     """
 
     def __init__(self) -> None:

@@ -3,8 +3,9 @@
 An account gets one address per *active* chain when it is created. When ops turn a
 chain from `declared` to `active`, accounts created before have none on it; this pass
 finds them (an anti-join on `deposit_addresses` by (account_pk, chain_id)) and inserts
-the address creation would have derived: `xpub/<chain_id>/<account pk>`, at the
-chain's position in the chains file.
+the address creation would have derived: `xpub/<chain_id>/<index>` (the account's
+`address_index`, or its pk where that is NULL), at the chain's position in the chains
+file.
 
 It is safe to run at any time, any number of times, from several processes at once,
 while accounts are being created: each insert is `ON CONFLICT (account_pk, chain_id)
@@ -81,7 +82,12 @@ def _missing(
         .exists()
     )
     query = (
-        sa.select(accounts.c.pk, accounts.c.address_index, chains.c.chain_id)
+        sa.select(
+            accounts.c.pk,
+            # DepositAccount.derivation_index: NULL means the pk.
+            sa.func.coalesce(accounts.c.address_index, accounts.c.pk),
+            chains.c.chain_id,
+        )
         .select_from(accounts.join(chains, sa.true()))
         .where(accounts.c.pk > low, accounts.c.pk <= high, ~has_address)
         .order_by(accounts.c.pk, chains.c.chain_id)

@@ -61,15 +61,14 @@ class DepositAccount(CoreBase):
 
     #: In insertion order (lists and the address backfill walk it); never reused.
     pk: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    #: The BIP32 index of the account's deposit addresses: a number of the pk's
-    #: sequence, which hands each number out once (as a pk or as an index), so indices
-    #: never repeat. Accounts created before core_0008 have their pk. Creation takes
-    #: it from its process's block (accounts._IndexBlock); the default serves the rest.
+    #: The BIP32 index of the account's deposit addresses, when it is not the pk (NULL):
+    #: a number of the pk's sequence, which hands each number out once (as a pk or as
+    #: an index), so indices never repeat. Creation takes it from its process's block
+    #: (accounts._IndexBlock). NULL for accounts created before core_0008 and by code of
+    #: that age still running during a deploy: both derived their addresses at the pk.
     #: Not indexed: nothing looks an account up by it, and a repeated index would meet
     #: the addresses' unique key (same index and chain, same address) and write nothing.
-    address_index: Mapped[int] = mapped_column(
-        sa.BigInteger, server_default=sa.text(f"nextval('{ACCOUNT_SEQUENCE}'::regclass)")
-    )
+    address_index: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     id: Mapped[str] = mapped_column(sa.String(40), unique=True)
     tenant_id: Mapped[str] = mapped_column(sa.String(36))
     external_user_id: Mapped[str] = mapped_column(sa.String(255))
@@ -86,6 +85,11 @@ class DepositAccount(CoreBase):
     addresses: Mapped[list[DepositAddress]] = relationship(
         back_populates="account", order_by="DepositAddress.position", lazy="selectin"
     )
+
+    @property
+    def derivation_index(self) -> int:
+        """The BIP32 index its deposit addresses are derived at (`address_index`)."""
+        return self.pk if self.address_index is None else self.address_index
 
 
 class DepositAddress(CoreBase):

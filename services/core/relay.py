@@ -8,9 +8,11 @@ the confirm and the commit publishes the row again: at least once, never lost.
 The relay wakes the moment an outbox transaction commits: through `LISTEN
 settle_outbox`, to which each writing process sends at most one `NOTIFY` per
 `outbox_wakeup.MIN_GAP_S` (after the commit, from a thread of its own). Commits
-within that gap send none, so after a wake-up or a published row the relay looks
-again every `HOT_POLL_S` for `HOT_WINDOW_S` (longer than the gap): a commit during a
-burst waits for the relay's next look (2 ms at most), not for the gap. Polling every
+within that gap send none, so after a wake-up or a published row the relay probes
+for unpublished rows every `HOT_POLL_S` for `HOT_WINDOW_S` (longer than the gap): a
+commit during a burst waits for the relay's next probe (2 ms, plus any round under
+way), not for the gap. A commit the window misses (a round that found only rows
+another relay holds ends it) is still NOTIFYed at its gap's end. Polling every
 `poll_s` is only the fallback.
 """
 
@@ -188,6 +190,10 @@ def _done(confirmed: list[int], failure: PublishError | None, metrics: RelayMetr
     return len(confirmed)
 
 
+#: Whether the relay has work: an index probe of the unpublished rows' partial index.
+_ROWS_WAIT = "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
+
+
 class _Listener:
     """A dedicated autocommit connection LISTENing on the outbox channel (PostgreSQL)."""
 
@@ -216,6 +222,19 @@ class _Listener:
             self.close()
             time.sleep(min(timeout, 1.0))
             return False
+
+    def rows_wait(self) -> bool:
+        """Whether an unpublished row is there, read on this connection (never a pool's:
+        a probe must not wait for a connection). True when it cannot tell (no
+        connection: the relay round then meets the error and backs off)."""
+        if self._conn is None or self._conn.closed:
+            return True
+        try:
+            row = self._conn.execute(_ROWS_WAIT).fetchone()
+        except psycopg.Error:
+            self.close()
+            return True
+        return bool(row and row[0])
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -246,6 +265,7 @@ def run_relay(
     listener = _Listener(db)
     backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
     hot_until = 0.0
+    probed = False  # this round was started by a probe that saw an unpublished row
     with _closing(publisher_factory()) as publisher:
         log.info("outbox relay started")
         try:
@@ -269,7 +289,13 @@ def run_relay(
                     continue  # more may wait: drain before sleeping
                 if published:
                     hot_until = time.monotonic() + HOT_WINDOW_S
-                if _wait(db, listener, stop, poll_s, hot_until):
+                elif probed:
+                    # The rows the probe saw are another relay's, locked while it
+                    # publishes them (SKIP LOCKED): no more looks until a NOTIFY.
+                    hot_until = 0.0
+                woke = _wait(listener, stop, poll_s, hot_until)
+                probed = woke == _PROBED
+                if woke == _NOTIFIED:
                     hot_until = time.monotonic() + HOT_WINDOW_S
                 try:
                     publisher.keepalive()
@@ -281,38 +307,27 @@ def run_relay(
             log.info("outbox relay stopped")
 
 
-def _wait(
-    db: Database, listener: _Listener, stop: threading.Event, poll_s: float, hot_until: float
-) -> bool:
-    """Until there may be rows to relay; True when a NOTIFY said so.
+#: Why `_wait` returned.
+_NOTIFIED, _PROBED, _TICK = "notified", "probed", "tick"
 
-    Until `hot_until`, a look every HOT_POLL_S (one indexed read on the fast executor,
-    cheaper than a relay round's transaction); then a sleep as `_sleep`.
+
+def _wait(listener: _Listener, stop: threading.Event, poll_s: float, hot_until: float) -> str:
+    """Until there may be rows to relay: a NOTIFY (`_NOTIFIED`), a probe that saw an
+    unpublished row (`_PROBED`), or the poll tick or `stop` (`_TICK`).
+
+    Until `hot_until`, a probe every HOT_POLL_S on the listener's own connection (one
+    index read; a relay round's transaction only when a row waits); then a sleep as
+    `_sleep`.
     """
     while not stop.is_set():
         hot_for = hot_until - time.monotonic()
         if hot_for <= 0:
-            return _sleep(listener, stop, poll_s)
+            return _NOTIFIED if _sleep(listener, stop, poll_s) else _TICK
         if listener.wait(min(HOT_POLL_S, hot_for)):
-            return True
-        if _rows_wait(db):
-            return False
-    return False
-
-
-def _rows_wait(db: Database) -> bool:
-    """True when an unpublished row is there (or the database cannot tell: relay_once
-    then meets the error and backs off)."""
-    try:
-        with db.driver_autocommit() as conn:
-            row = conn.execute(_ROWS_WAIT).fetchone()
-    except (psycopg.Error, sa.exc.SQLAlchemyError):  # down, or no connection free in time
-        return True
-    return bool(row[0])
-
-
-#: Whether the relay has work: an index probe of the unpublished rows' partial index.
-_ROWS_WAIT = "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
+            return _NOTIFIED
+        if listener.rows_wait():
+            return _PROBED
+    return _TICK
 
 
 def _sleep(listener: _Listener, stop: threading.Event, poll_s: float) -> bool:

@@ -282,8 +282,8 @@ def start_embedded(
 ) -> EmbeddedEngine:
     """StubBroker, worker threads, sweeper, and an in-process bus for core's relay.
 
-    Core side (services/dev.py): `run_relay(core_db, lambda: embedded.bus, stop, wake=wake)`
-    with `install_commit_wakeup(core_db, wake)`; the notifier's API serves `embedded.ctx`.
+    Core side (services/dev.py): `start_relay_thread(core_db, lambda: embedded.bus, stop)`
+    (woken by LISTEN/NOTIFY as in production); the notifier's API serves `embedded.ctx`.
     """
     settings = settings or EngineSettings.from_env(config)
     config = replace(config, amqp_url=None)  # the in-memory StubBroker

@@ -4,6 +4,7 @@ their outbox events, idempotency and tenant isolation."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import uuid
 from typing import Any
@@ -117,7 +118,7 @@ def test_created_account_has_one_address_per_active_chain(
     assert len(set(addresses)) == 3
 
     # And each address is the one the deposit xprv signs for at <chainId>/<address index>
-    index = _account_row(pg_db, account["id"]).address_index
+    index = _account_row(pg_db, account["id"]).derivation_index
     for entry in account["depositAddresses"]:
         key = private_key_for(keys.test_xprv(), entry["chainId"], index)
         assert Account.from_key(key).address == entry["address"]
@@ -616,7 +617,11 @@ def test_the_stored_rows_and_the_event_are_the_document(
             .order_by(DepositAddress.chain_id)
         ).all()
     assert [tuple(r) for r in stored] == sorted(
-        (c.chain_id, deriver.derive(c.chain_id, row.address_index), registry.position(c.chain_id))
+        (
+            c.chain_id,
+            deriver.derive(c.chain_id, row.derivation_index),
+            registry.position(c.chain_id),
+        )
         for c in registry.active()
     )
     # And the event carries exactly the document
@@ -753,3 +758,28 @@ def test_a_forked_process_draws_its_own_block(pg_db: Database, core_context: Cor
         parent_next = block.take(conn)
     assert parent_next == parent_first + 1
     assert not parent_first <= child_first < parent_first + accounts.INDEX_BLOCK
+
+
+def test_a_process_forked_while_a_thread_draws_a_block_draws_its_own(
+    pg_db: Database, core_context: CoreContext
+) -> None:
+    # Given a block whose refill lock a thread holds at the moment of a fork
+    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    block = accounts._IndexBlock(creation.indices._sql)
+    block._lock.acquire()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no thread of the parent's lives here to release that lock
+        try:
+            signal.alarm(5)  # a deadlock ends the child, and the test fails below
+            with psycopg.connect(pg_db.libpq_url, autocommit=True) as conn:
+                os.write(write, str(block.take(conn)).encode())
+        finally:
+            os._exit(0)
+    block._lock.release()
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_index = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    # Then the child draws a block of its own and does not hang
+    assert not os.WIFSIGNALED(status) and child_index.isdigit()

@@ -41,8 +41,8 @@ def _max_pk(db: Database) -> int:
 def _address_indices(db: Database) -> dict[int, int]:
     """Each account's BIP32 index, by pk."""
     with db.reader() as session:
-        rows = session.execute(sa.select(DepositAccount.pk, DepositAccount.address_index))
-        return {pk: index for pk, index in rows}
+        rows = session.scalars(sa.select(DepositAccount))
+        return {row.pk: row.derivation_index for row in rows}
 
 
 def _addresses(db: Database, after_pk: int) -> dict[int, dict[int, tuple[str, int]]]:

@@ -8,9 +8,10 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy.orm import Session
 
 import services.core.deposits.models  # noqa: F401  (registers the deposit tables)
-from services.core.models import CoreBase
+from services.core.models import CoreBase, DepositAccount
 from services.notifier.models import NotifierBase
 from shared import components, migrate
 from shared.identity.models import IdentityBase
@@ -50,7 +51,7 @@ def test_upgrading_twice_on_postgresql_is_a_no_op(pg_url: str) -> None:
         assert migrate.is_current(component, pg_url)
 
 
-def test_core_0008_gives_existing_accounts_their_pk_as_address_index() -> None:
+def test_core_0008_keeps_every_account_at_the_index_its_addresses_were_derived_at() -> None:
     # Given accounts created before core_0008, where the pk was the BIP32 index
     name = f"settle_test_migrate_{uuid.uuid4().hex[:8]}"
     url = create_database(name)
@@ -58,30 +59,26 @@ def test_core_0008_gives_existing_accounts_their_pk_as_address_index() -> None:
     try:
         migrate.upgrade(components.IDENTITY, url)
         migrate.upgrade(components.CORE, url, "core_0007")
+        # (as the previous release inserts: its own pk, addresses derived at it)
         insert = sa.text(
-            "INSERT INTO deposit_accounts (id, tenant_id, external_user_id, status, "
+            "INSERT INTO deposit_accounts (pk, id, tenant_id, external_user_id, status, "
             "dest_chain_id, dest_address, dest_token_address, metadata, created_at, "
-            "updated_at) VALUES (:id, 'ten_x', :id, 'active', 1, '0x0', '0x0', '{}', now(), "
-            "now()) RETURNING pk"
+            "updated_at) VALUES (nextval('deposit_accounts_pk_seq'), :id, 'ten_x', :id, "
+            "'active', 1, '0x0', '0x0', '{}', now(), now()) RETURNING pk"
         )
         with engine.begin() as conn:
             old = [conn.execute(insert, {"id": f"acc_{n}"}).scalar_one() for n in range(3)]
 
-        # When core is upgraded
+        # When core is upgraded while the previous release still creates accounts
         migrate.upgrade(components.CORE, url)
-
-        # Then they keep their addresses (index = pk), and a later account's index repeats
-        # no index or pk handed out before
         with engine.begin() as conn:
-            rows = dict(
-                conn.execute(sa.text("SELECT pk, address_index FROM deposit_accounts")).all()
-            )
-            assert rows == {pk: pk for pk in old}
-            pk = conn.execute(insert, {"id": "acc_new"}).scalar_one()
-            index = conn.execute(
-                sa.text("SELECT address_index FROM deposit_accounts WHERE pk = :pk"), {"pk": pk}
-            ).scalar_one()
-        assert index not in old and pk not in old and index != pk
+            during = conn.execute(insert, {"id": "acc_during"}).scalar_one()
+
+        # Then every one of them is still derived at its pk (NULL means the pk)
+        with Session(engine) as session:
+            rows = session.scalars(sa.select(DepositAccount)).all()
+            assert {r.pk: r.derivation_index for r in rows} == {pk: pk for pk in [*old, during]}
+            assert all(r.address_index is None for r in rows)
     finally:
         engine.dispose()
         drop_database(name)

@@ -10,10 +10,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pika
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 from services.core import outbox
+from services.core import relay as relay_module
 from services.core.models import OutboxEvent
 from services.core.relay import (
     outbox_lag,
@@ -373,3 +375,45 @@ def test_a_commit_in_the_notify_gap_is_relayed_without_a_notify_or_a_poll(db: Da
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_rows_another_relay_holds_end_the_look_window_instead_of_spinning(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window's probe sees rows a round skips (SKIP LOCKED: another relay is
+    publishing them); a round that then publishes nothing ends the window."""
+    _relay_all(db, InProcessBus(lambda body: None))
+    _, row = outbox.event_row(events.DEPOSIT_CREDITED, "ten_locked", {"n": 1})
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(OutboxEvent).values(row))
+    rounds = [0]
+    real_round = relay_module.relay_once
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        rounds[0] += 1
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(relay_module, "relay_once", counted)
+    # Given another relay holding the unpublished row, and a relay polling every 30 s
+    holder = db.engine.connect()
+    held = holder.begin()
+    holder.execute(sa.text("SELECT id FROM outbox WHERE published_at IS NULL FOR UPDATE"))
+    stop = threading.Event()
+    thread = start_relay_thread(db, lambda: InProcessBus(lambda body: None), stop, poll_s=30)
+    try:
+        time.sleep(0.3)
+        before = rounds[0]
+        # When writers wake it ten times in half a second
+        with psycopg.connect(db.libpq_url, autocommit=True) as writer:
+            for _ in range(10):
+                writer.execute(f"NOTIFY {outbox.NOTIFY_CHANNEL}")
+                time.sleep(0.05)
+        during = rounds[0] - before
+    finally:
+        stop.set()
+        thread.join(10)
+        held.rollback()
+        holder.close()
+    assert not thread.is_alive()
+    # Then it runs about a round per wake-up (one more after each probe), not one per 2 ms
+    assert during <= 25, f"{during} relay rounds for 10 NOTIFYs in 0.5 s"

@@ -195,7 +195,7 @@ def insert_account(
     session.flush()
     addresses = {}
     for position, chain in enumerate(registry.active()):
-        address = deriver.derive(chain.chain_id, account.address_index)
+        address = deriver.derive(chain.chain_id, account.derivation_index)
         session.add(
             DepositAddress(
                 account_pk=account.pk, chain_id=chain.chain_id, address=address, position=position
@@ -208,7 +208,7 @@ def insert_account(
         tenant_id,
         account.external_user_id,
         addresses,
-        account.address_index,
+        account.derivation_index,
     )
 
 
