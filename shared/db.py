@@ -171,8 +171,7 @@ class AutocommitConnections:
         #: Connections opened before the last close() are not kept when given back.
         self._closed_at = -1.0
         # A forked child gets fresh locks and slots (one held at fork time would be lost).
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forked(ref))
+        after_fork_in_child(self._forked)
 
     def get(self) -> tuple[psycopg.Connection[Any], float]:
         """A live autocommit connection and when it was opened; `put` it back."""
@@ -238,10 +237,22 @@ class AutocommitConnections:
         self._idle, self._lent = [], set()
 
 
-def _forked(ref: weakref.ref[AutocommitConnections]) -> None:
-    pool = ref()
-    if pool is not None:
-        pool._forked()
+def after_fork_in_child(reset: Callable[[], None]) -> None:
+    """Run the bound method `reset` in every forked child of this process, before any of
+    the child's threads, for as long as its object lives (held weakly).
+
+    For per-process state (connections, locks, numbers drawn from a sequence) that a
+    child must not share with its parent: a lock a parent's thread held at fork time
+    would never be released in the child.
+    """
+    method = weakref.WeakMethod(reset)  # type: ignore[arg-type]
+
+    def in_child() -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+
+    os.register_at_fork(after_in_child=in_child)
 
 
 def _usable(conn: psycopg.Connection[Any]) -> bool:

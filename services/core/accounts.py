@@ -9,9 +9,7 @@ address. Its `pk` is the sequence's value at insert: lists walk it in creation o
 from __future__ import annotations
 
 import math
-import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,7 +33,7 @@ from services.core.models import (
 from services.core.outbox_wakeup import wake_relay
 from shared import events
 from shared.api import Page, keyset_page
-from shared.db import Database, DriverStatement
+from shared.db import Database, DriverStatement, after_fork_in_child
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
 from shared.timefmt import iso_ms, utcnow
@@ -391,23 +389,18 @@ class _IndexBlock:
     The account sequence hands out each number once, either as a pk (at insert) or as
     an index (here), so no two accounts share an index, older accounts (whose index is
     their pk) included. Numbers a process drew and did not use are a gap, never reused.
-    A forked child draws its own, never its parent's (`os.register_at_fork`).
+    A forked child draws its own, never its parent's (`after_fork_in_child`).
     """
 
     def __init__(self, sql: str) -> None:
         self._sql = sql
         self._free: deque[int] = deque()
         self._lock = threading.Lock()
-        # In the child, before any of its threads runs: the parent's numbers are the
-        # parent's, and a lock held by a parent's thread at fork time would never free.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _IndexBlock._forget(ref))
+        after_fork_in_child(self._forked)
 
-    @staticmethod
-    def _forget(ref: weakref.ref[_IndexBlock]) -> None:
-        block = ref()
-        if block is not None:
-            block._free, block._lock = deque(), threading.Lock()
+    def _forked(self) -> None:
+        # The parent's numbers are the parent's; its refill lock may be held.
+        self._free, self._lock = deque(), threading.Lock()
 
     def take(self, conn: psycopg.Connection[Any]) -> int:
         """The next index; draws a block on `conn` when this process has none left."""
@@ -471,8 +464,8 @@ def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Cre
     """The statements, with what is fixed for this process written into their text.
 
     Each parameter costs the client a dump per request, so what never changes is SQL
-    text: the account sequence's name, the status, and each
-    address row's chain id and position (fixed by the chains file for the process's life).
+    text: the account sequence's name, the status, and each address row's chain id and
+    position (fixed by the chains file for the process's life).
     """
     draw = sa.select(sa.func.nextval(sa.literal_column(_sql_text(ACCOUNT_SEQUENCE)))).select_from(
         sa.func.generate_series(sa.literal_column("1"), sa.literal_column(str(INDEX_BLOCK)))
