@@ -6,12 +6,15 @@ BIN := $(VENV)/bin
 #: What running Settle needs (make dev, make listen); the test tool chain comes on top.
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
+#: Foundry's anvil, the real Ethereum node of the integration suite (npm package, version
+#: pinned with its integrity hash in tools/anvil/package-lock.json).
+ANVIL := tools/anvil/node_modules/.bin/anvil
 HOST ?= 127.0.0.1
 PORT ?= 8000
 #: Event types `make listen` subscribes to, comma-separated (empty: all).
 EVENTS ?=
 
-.PHONY: dev listen test test-fast lint format bench screenshots clean
+.PHONY: dev listen test test-tools test-fast lint format bench screenshots clean
 
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +26,13 @@ $(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+$(ANVIL): tools/anvil/package.json tools/anvil/package-lock.json
+	npm ci --prefix tools/anvil --no-audit --no-fund --loglevel=error
+	touch $(ANVIL)
+
+## The test tool chain: the venv's test extras and anvil.
+test-tools: $(STAMP) $(ANVIL)
+
 ## Run everything in one process on $(HOST):$(PORT) (embedded PostgreSQL, in-process broker).
 dev: $(RUN_STAMP)
 	$(BIN)/settle dev --host $(HOST) --port $(PORT)
@@ -33,7 +43,7 @@ listen: $(RUN_STAMP)
 
 ## Lint, then every test suite (PostgreSQL: the machine's on 127.0.0.1:5432, else an embedded
 ## one; RabbitMQ on 127.0.0.1:5672 for the suites that need it).
-test: $(STAMP)
+test: $(STAMP) $(ANVIL)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
