@@ -133,6 +133,16 @@ _DEPOSIT = _object(
         "fromAddress": {**_nullable(_ADDRESS), "description": "The sender."},
         "blockNumber": {"type": ["integer", "null"], "description": "Block of the transfer."},
         "blockHash": _nullable(_TX_HASH),
+        "sourceBlockNumber": {
+            "type": ["integer", "null"],
+            "description": "Block of the incoming transfer (the same as blockNumber); "
+            "a reorg that re-mines it moves it. Sandbox: a block of the simulated chain.",
+        },
+        "sourceBlockHash": {
+            **_nullable(_TX_HASH),
+            "description": "Hash of that block (the same as blockHash). Sandbox: synthetic, "
+            "keccak256 of `settle:sandbox:<chainId>:<number>`.",
+        },
         "confirmations": {"type": "integer", "description": "Blocks seen on the transfer's."},
         "requiredConfirmations": {
             "type": "integer",
@@ -345,6 +355,8 @@ def _deposit_example(status: str) -> dict[str, Any]:
         "fromAddress": "0xfB6916095ca1df60bB79Ce92cE3Ea74c37c5d359",
         "blockNumber": 64213377,
         "blockHash": "0x8f5bab218b6bb34476f51ca588e9f4553a3a7ce5e13a66c660a5283e97e9a85a",
+        "sourceBlockNumber": 64213377,
+        "sourceBlockHash": "0x8f5bab218b6bb34476f51ca588e9f4553a3a7ce5e13a66c660a5283e97e9a85a",
         "confirmations": 128 if confirmed else 1,
         "requiredConfirmations": 128,
         "destination": {"chainId": 8453, "address": _WALLET, "tokenAddress": _USDC_BASE},

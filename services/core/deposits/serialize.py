@@ -76,6 +76,30 @@ class DepositSchema(Schema):
     from_address = ma.fields.String(required=True, allow_none=True)
     block_number = ma.fields.Integer(required=True, allow_none=True)
     block_hash = ma.fields.String(required=True, allow_none=True)
+    # The same columns as blockNumber/blockHash, named for what they are (marshmallow
+    # lets no two fields share an attribute, hence Function fields).
+    source_block_number = ma.fields.Function(
+        lambda deposit: _int(deposit.block_number),
+        required=True,
+        allow_none=True,
+        metadata={
+            "type": "integer",
+            "nullable": True,
+            "description": "Block of the incoming transfer (moves if a reorg re-mines it). "
+            "Sandbox deposits: a block of the simulated chain.",
+        },
+    )
+    source_block_hash = ma.fields.Function(
+        lambda deposit: deposit.block_hash,
+        required=True,
+        allow_none=True,
+        metadata={
+            "type": "string",
+            "nullable": True,
+            "description": "Hash of that block. Sandbox deposits: a synthetic hash "
+            "(keccak256 of `settle:sandbox:<chainId>:<number>`), never a real block's.",
+        },
+    )
     confirmations = ma.fields.Integer(required=True)
     required_confirmations = ma.fields.Integer(required=True)
     destination = ma.fields.Nested(
@@ -148,6 +172,8 @@ def deposit_document(deposit: Any) -> dict[str, Any]:
         "fromAddress": deposit.from_address,
         "blockNumber": _int(deposit.block_number),
         "blockHash": deposit.block_hash,
+        "sourceBlockNumber": _int(deposit.block_number),
+        "sourceBlockHash": deposit.block_hash,
         "confirmations": int(deposit.confirmations),
         "requiredConfirmations": int(deposit.required_confirmations),
         "destination": {
