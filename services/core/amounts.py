@@ -85,9 +85,9 @@ def token_units(raw: int, decimals: int) -> Decimal:
 def format_amount(value: Decimal) -> str:
     """A token amount as decimal text with at least two decimals: `125.50`, `0.000001`.
 
-    How every answer writes an amount (the deposit object, fee quotes): never an
-    exponent, never more decimals than the value needs.
+    How every answer writes an amount (the deposit object, fee quotes, statements): never
+    an exponent, never more decimals than the value needs, never a digit rounded away.
     """
-    text = format(value.normalize(), "f")
+    text = format(value.normalize(EXACT), "f")
     whole, _, frac = text.partition(".")
     return f"{whole}.{frac.ljust(2, '0')}"

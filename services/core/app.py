@@ -38,6 +38,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         portal_links,
         sandbox,
         sessions,
+        statements,
         status,
     )
 
@@ -50,6 +51,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         fee_preview,
         sessions,
         deposits,
+        statements,
         sandbox,
         api_keys,
         members,

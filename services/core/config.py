@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core.deposits.settings import PipelineSettings
+from services.core.statements.settings import StatementSettings
 from shared.identity.signin_guard import SIGNIN_THROTTLE_OFF, SignInLimits
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
@@ -72,6 +73,8 @@ class CoreConfig:
     public_url: str | None = None
     #: SETTLE_SECRET_KEY: encrypts what must not rest in plaintext (idempotency records).
     secret_key: str = DEV_SECRET_KEY
+    #: Statements' limits and signing key (docs/DEPOSITS.md, "Statements").
+    statements: StatementSettings = field(default_factory=StatementSettings)
 
     @property
     def is_dev(self) -> bool:
@@ -110,4 +113,5 @@ class CoreConfig:
             deposits=PipelineSettings.from_env(env),
             public_url=_public_url(env),
             secret_key=env_secret_key(env, mode),
+            statements=StatementSettings.from_env(env),
         )

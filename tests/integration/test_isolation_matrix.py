@@ -89,6 +89,8 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "GET", "/v1/docs"): Route("public", "/v1/docs"),
     (CORE, "GET", "/v1/docs/assets/<name>"): Route("public", "/v1/docs/assets/swagger-ui.css"),
     (CORE, "GET", "/v1/status"): Route("public", "/v1/status"),
+    # The key that verifies statements: an auditor has no API key.
+    (CORE, "GET", "/v1/statements/key"): Route("public", "/v1/statements/key"),
     (CORE, "POST", "/v1/sessions"): Route("public", "/v1/sessions", body={}),
     # Ops scrape /metrics on the service port; the ingress does not route it.
     (CORE, "GET", "/metrics"): Route("public", "/metrics"),
@@ -154,6 +156,14 @@ ROUTES: dict[tuple[str, str, str], Route] = {
         "deposits:read",
         "viewer",
         isolation="not_found",
+    ),
+    (CORE, "GET", "/v1/statements"): Route(
+        "tenant",
+        "/v1/statements?from={recent}",
+        "deposits:read",
+        "viewer",
+        # B's own statement (its tenant id, its deposits: none), never A's
+        isolation="own",
     ),
     (CORE, "POST", "/v1/sandbox/deposits"): Route(
         "tenant",
@@ -510,6 +520,7 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
         ("GET", "/v1/docs"),
         ("GET", "/v1/docs/assets/<name>"),
         ("GET", "/v1/status"),
+        ("GET", "/v1/statements/key"),
         ("GET", "/v1/notifier/status"),
         ("GET", "/v1/openapi.json"),
         ("GET", "/v1/notifier/openapi.json"),

@@ -93,6 +93,13 @@ def test_amounts_are_written_one_way() -> None:
     assert amounts.format_amount(Decimal("125.500000")) == "125.50"
     assert amounts.format_amount(Decimal("1000")) == "1000.00"
     assert amounts.format_amount(Decimal("0.000001")) == "0.000001"
+    # Every digit, however many: the default context's 28 significant digits once rounded
+    # a uint256 amount (and a statement's totals) to 1157920892373161954235709850000...
+    huge = amounts.token_units(2**256 - 1, 18)
+    assert amounts.format_amount(huge) == f"{huge:f}"
+    assert amounts.format_amount(Decimal("12345678901.1234567890123456789")) == (
+        "12345678901.1234567890123456789"
+    )
 
 
 def test_symbols_match_case_insensitively_and_a_chains_file_keeps_them_apart() -> None:

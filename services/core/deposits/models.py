@@ -34,6 +34,17 @@ TRANSFER_IDENTITY = (
 )
 #: Non-final deposits: the worker's scans read only these.
 OPEN_DEPOSITS = "status NOT IN ('credited', 'failed')"
+#: What a statement's totals group and sum (carried by `ix_deposits_tenant_credited`).
+STATEMENT_TOTALS_COLUMNS = [
+    "chain_id",
+    "token_address",
+    "asset",
+    "decimals",
+    "amount_raw",
+    "amount_usd",
+    "fee_usd",
+    "net_usd",
+]
 
 
 class Deposit(CoreBase):
@@ -54,6 +65,17 @@ class Deposit(CoreBase):
             "status",
             "chain_id",
             postgresql_where=sa.text(OPEN_DEPOSITS),
+        ),
+        # Statements (services/core/statements/): a period's credits in order, and every
+        # column their totals sum, so the opening totals are an index-only scan.
+        sa.Index(
+            "ix_deposits_tenant_credited",
+            "tenant_id",
+            "sandbox",
+            "credited_at",
+            "id",
+            postgresql_include=STATEMENT_TOTALS_COLUMNS,
+            postgresql_where=sa.text("credited_at IS NOT NULL"),
         ),
     )
 
