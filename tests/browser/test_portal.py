@@ -24,6 +24,7 @@ from tests.support.receiver import Answer, Receiver
 PAGES = (
     "/",
     "/deposits",
+    "/statements",
     "/accounts",
     "/policy",
     "/endpoints",
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.browser
 MEMBER_NAV = [
     "Overview",
     "Deposits",
+    "Statements",
     "Accounts",
     "Policy",
     "Endpoints",

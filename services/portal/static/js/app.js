@@ -11,6 +11,7 @@ import * as endpoints from "./pages/endpoints.js";
 import * as events from "./pages/events.js";
 import * as overview from "./pages/overview.js";
 import * as signin from "./pages/signin.js";
+import * as statements from "./pages/statements.js";
 
 const RANK = { viewer: 0, developer: 1, admin: 2, owner: 3 };
 
@@ -30,6 +31,7 @@ const ROUTES = [
   [/^\/$/, overview, "Overview", "/", "member"],
   [/^\/deposits$/, deposits, "Deposits", "/deposits", "member"],
   [/^\/deposits\/(.+)$/, deposits, "Deposit", null, "member"],
+  [/^\/statements$/, statements, "Statements", "/statements", "member"],
   [/^\/accounts$/, accounts, "Accounts", "/accounts", "member"],
   [/^\/accounts\/(.+)$/, accounts, "Account", null, "member"],
   [/^\/policy$/, accounts, "Destination policy", "/policy", "member"],
