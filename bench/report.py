@@ -30,6 +30,7 @@ BENCHES = [
     ("Webhook delivery, production processes", "bench/webhooks.py", [], ["--quick"]),
     ("Deposit pipeline", "bench/pipeline.py", [], ["--quick"]),
     ("Chain watcher", "bench/watcher.py", [], ["--quick"]),
+    ("Statements of a large tenant", "bench/statements.py", [], ["--quick"]),
     ("Hostile request bodies", "bench/hostile_bodies.py", [], ["--rounds", "5"]),
     ("settle dev start", "bench/dev_start.py", [], ["--warm-runs", "1"]),
 ]

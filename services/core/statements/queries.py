@@ -116,11 +116,11 @@ def _figures(values: tuple[Any, ...]) -> Figures:
     return Figures(int(count), int(raw or 0), usd or _ZERO, fee or _ZERO, net or _ZERO)
 
 
-def totals(conn: sa.Connection, tenant_id: str, sandbox: bool, period: Period) -> list[TokenTotals]:
-    """Per chain and token, ordered so: the opening and the period's figures."""
+def totals_statement(tenant_id: str, sandbox: bool, period: Period) -> sa.Select[Any]:
+    """Per chain and token: asset, decimals, then the opening and the period's sums."""
     before = Deposit.credited_at < period.start
     within = Deposit.credited_at >= period.start
-    stmt = (
+    return (
         sa.select(
             Deposit.chain_id,
             Deposit.token_address,
@@ -133,8 +133,13 @@ def totals(conn: sa.Connection, tenant_id: str, sandbox: bool, period: Period) -
         .group_by(Deposit.chain_id, Deposit.token_address)
         .order_by(Deposit.chain_id, Deposit.token_address)
     )
+
+
+def totals(conn: sa.Connection, tenant_id: str, sandbox: bool, period: Period) -> list[TokenTotals]:
+    """Per chain and token, ordered so: the opening and the period's figures."""
     out = []
-    for chain_id, token_address, asset, decimals, *sums in conn.execute(stmt):
+    for row in conn.execute(totals_statement(tenant_id, sandbox, period)):
+        chain_id, token_address, asset, decimals, *sums = row
         opening, inside = _figures(tuple(sums[:5])), _figures(tuple(sums[5:]))
         out.append(TokenTotals(int(chain_id), token_address, asset, decimals, opening, inside))
     return out
