@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flask.testing import FlaskClient
 
+from services.core.api.statements import SLOTS
 from services.core.app import create_app
 from services.core.context import CoreContext
 from services.core.deposits.models import Deposit
@@ -480,6 +481,34 @@ def test_more_deposits_than_a_statement_lists_is_refused_before_writing(
     shorter = get_statement(client, tenant.headers, books.start, books.end - timedelta(days=1))
     assert shorter.status_code == 200
     assert len(shorter.get_json()["statement"]["deposits"]) == 4
+
+
+def test_a_process_makes_a_bounded_number_of_statements_at_once(
+    core_context: CoreContext, client: FlaskClient, tenant: TenantKeys
+) -> None:
+    # Given this process's every statement slot taken (by a statement being made)
+    slots = core_context.db.attachment(
+        SLOTS, lambda _db: threading.BoundedSemaphore(core_context.config.statements.concurrency)
+    )
+    start = utcnow() - timedelta(days=1)
+    taken = 0
+    while slots.acquire(blocking=False):
+        taken += 1
+    try:
+        # When one more is asked for, it is refused at once, to be asked again
+        response = get_statement(client, tenant.headers, start, utcnow())
+        body = response.get_json()
+        assert response.status_code == 503, body
+        assert body["code"] == "service_unavailable" and response.headers["Retry-After"] == "5"
+        # (bad bounds are still 400: checked before a slot is needed)
+        assert get_statement(client, tenant.headers, utcnow(), start).status_code == 400
+    finally:
+        for _ in range(taken):
+            slots.release()
+    # Then once a slot is free it is served, and the slot is given back after
+    assert taken == core_context.config.statements.concurrency
+    assert get_statement(client, tenant.headers, start, utcnow()).status_code == 200
+    assert get_statement(client, tenant.headers, start, utcnow()).status_code == 200
 
 
 def test_a_tenant_sees_only_its_own_deposits(

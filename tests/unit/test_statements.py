@@ -117,9 +117,16 @@ def test_settings_read_keys_and_limits() -> None:
         "SETTLE_STATEMENT_RETIRED_KEYS": f" {base64.b64encode(b'k' * 32).decode()} ,",
         "SETTLE_STATEMENT_MAX_DAYS": "31",
         "SETTLE_STATEMENT_MAX_DEPOSITS": "500",
+        "SETTLE_STATEMENT_CONCURRENCY": "3",
     }
     settings = StatementSettings.from_env(env)
-    assert settings == StatementSettings(31, 500, seed, (b"k" * 32,))
+    assert settings == StatementSettings(
+        max_days=31,
+        max_deposits=500,
+        concurrency=3,
+        signing_key=seed,
+        retired_public_keys=(b"k" * 32,),
+    )
     assert StatementSettings.from_env({}) == StatementSettings()
     for bad in (
         {"SETTLE_STATEMENT_SIGNING_KEY": "not base64!"},
@@ -127,6 +134,7 @@ def test_settings_read_keys_and_limits() -> None:
         {"SETTLE_STATEMENT_RETIRED_KEYS": "AAAA"},
         {"SETTLE_STATEMENT_MAX_DAYS": "0"},
         {"SETTLE_STATEMENT_MAX_DEPOSITS": "0"},
+        {"SETTLE_STATEMENT_CONCURRENCY": "0"},
     ):
         with pytest.raises(SettingsError, match=next(iter(bad))):
             StatementSettings.from_env(bad)

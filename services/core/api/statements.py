@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import base64
+import threading
 from typing import Any
 
 import marshmallow as ma
@@ -177,6 +178,17 @@ _SIGNED_HEADERS = {
 }
 
 
+#: The process's statement slots (a Database attachment: one set per process and database).
+SLOTS = "statements.slots"
+
+
+def _statements() -> Statements:
+    ctx = core()
+    settings = ctx.config.statements
+    slots = ctx.db.attachment(SLOTS, lambda _db: threading.BoundedSemaphore(settings.concurrency))
+    return Statements(ctx.db, settings, _signer(), slots=slots)
+
+
 def _signer() -> StatementSigner:
     config = core().config
     return StatementSigner.from_settings(config.statements, config.secret_key)
@@ -211,6 +223,12 @@ class StatementView(MethodView):
         400, schema=ErrorSchema, description="invalid_request (names `from`, `to`, `format`)"
     )
     @blp.alt_response(
+        503,
+        schema=ErrorSchema,
+        description="service_unavailable (Retry-After): the process is making as many "
+        "statements as it may at once",
+    )
+    @blp.alt_response(
         422,
         schema=ErrorSchema,
         description="statement_too_large: the period holds more deposits than one statement "
@@ -228,9 +246,8 @@ class StatementView(MethodView):
         credited before `to` (docs/DEPOSITS.md, "Statements").
         """
         principal = auth.current_principal()
-        ctx = core()
         fmt = _format(args["format"])
-        signed = Statements(ctx.db, ctx.config.statements, _signer()).build(
+        signed = _statements().build(
             principal.tenant_id,
             start=args["start"],
             end=args["end"],

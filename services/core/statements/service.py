@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import tempfile
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -17,12 +18,12 @@ from datetime import datetime
 from typing import IO
 
 from services.core.statements import queries, render
-from services.core.statements.period import period
+from services.core.statements.period import Period, period
 from services.core.statements.queries import Figures, TokenTotals
 from services.core.statements.settings import StatementSettings
 from services.core.statements.signing import StatementSigner
 from shared.db import Database
-from shared.errors import ApiError
+from shared.errors import ApiError, ServiceUnavailable
 from shared.timefmt import iso_ms, utcnow
 
 
@@ -53,11 +54,14 @@ class Statements:
         settings: StatementSettings,
         signer: StatementSigner,
         *,
+        slots: threading.BoundedSemaphore | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.db = db
         self.settings = settings
         self.signer = signer
+        #: The process's statements at once (`settings.concurrency`); None: unbounded.
+        self.slots = slots
         self.clock = clock
 
     def build(
@@ -72,6 +76,20 @@ class Statements:
         """The tenant's signed statement of `[start, end)` (`end` None: now)."""
         now = self.clock()
         bounds = period(start, end, now=now, max_days=self.settings.max_days)
+        if self.slots is not None and not self.slots.acquire(blocking=False):
+            raise ServiceUnavailable(
+                "this process is making as many statements as it may at once; retry in 5 s",
+                headers={"Retry-After": "5"},
+            )
+        try:
+            return self._build(tenant_id, bounds, now, sandbox=sandbox, fmt=fmt)
+        finally:
+            if self.slots is not None:
+                self.slots.release()
+
+    def _build(
+        self, tenant_id: str, bounds: Period, now: datetime, *, sandbox: bool, fmt: str
+    ) -> SignedStatement:
         header = render.Header(tenant_id, sandbox, bounds, now, self.signer.key_id)
         with ExitStack() as on_error:
             # Closed here if anything fails; else handed to the caller, who closes it.

@@ -23,6 +23,9 @@ class StatementSettings:
     #: Most deposits one statement may list; a period holding more is refused (422
     #: `statement_too_large`), to be asked for in shorter periods.
     max_deposits: int = 100_000
+    #: Statements one process makes at once; one more is refused (503, Retry-After): a
+    #: statement is seconds of CPU under the process's one GIL and holds a connection.
+    concurrency: int = 1
     #: SETTLE_STATEMENT_SIGNING_KEY: an Ed25519 private key (32 bytes, base64). None:
     #: derived from SETTLE_SECRET_KEY (signing.py).
     signing_key: bytes | None = None
@@ -40,11 +43,17 @@ class StatementSettings:
             raise SettingsError(
                 f"SETTLE_STATEMENT_MAX_DEPOSITS must be at least 1, got {max_deposits}"
             )
+        concurrency = env_int(env, "SETTLE_STATEMENT_CONCURRENCY", cls.concurrency)
+        if concurrency < 1:
+            raise SettingsError(
+                f"SETTLE_STATEMENT_CONCURRENCY must be at least 1, got {concurrency}"
+            )
         key = env_str(env, "SETTLE_STATEMENT_SIGNING_KEY")
         retired = env_str(env, "SETTLE_STATEMENT_RETIRED_KEYS") or ""
         return cls(
             max_days=max_days,
             max_deposits=max_deposits,
+            concurrency=concurrency,
             signing_key=None if key is None else key_bytes("SETTLE_STATEMENT_SIGNING_KEY", key),
             retired_public_keys=tuple(
                 key_bytes("SETTLE_STATEMENT_RETIRED_KEYS", part)
