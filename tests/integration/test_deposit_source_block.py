@@ -73,21 +73,36 @@ def test_a_chain_deposit_carries_its_transfers_block_everywhere(
         assert document["sourceTxHash"] == tx
 
 
-def test_a_sandbox_deposit_carries_a_block_of_the_simulated_chain(
-    client: FlaskClient, core_context: CoreContext, sandbox_tenant: TenantKeys, account: AccountRef
-) -> None:
-    # Given a sandbox deposit, credited by the pipeline
+def credit_a_sandbox_deposit(
+    client: FlaskClient,
+    core_context: CoreContext,
+    tenant: TenantKeys,
+    account: AccountRef,
+    *,
+    minutes_ahead: float = 10,
+) -> dict[str, Any]:
+    """A 12.00 USDC sandbox deposit on Base, as POST /v1/sandbox/deposits answered it,
+    credited by the pipeline on a clock `minutes_ahead` of now."""
     response = submit(
         client,
-        sandbox_tenant.headers,
+        tenant.headers,
         depositAddress=account.address(8453),
         chainId=8453,
         asset="USDC",
         amount="12.00",
     )
     assert response.status_code == 200, response.get_json()
-    made = response.get_json()["deposit"]
-    assert run_until_settled(pipeline(core_context, later()), made["id"]) == "credited"
+    made: dict[str, Any] = response.get_json()["deposit"]
+    clock = later(minutes=minutes_ahead)
+    assert run_until_settled(pipeline(core_context, clock), made["id"]) == "credited"
+    return made
+
+
+def test_a_sandbox_deposit_carries_a_block_of_the_simulated_chain(
+    client: FlaskClient, core_context: CoreContext, sandbox_tenant: TenantKeys, account: AccountRef
+) -> None:
+    # Given a sandbox deposit, credited by the pipeline
+    made = credit_a_sandbox_deposit(client, core_context, sandbox_tenant, account)
     # Then its block is the simulated chain's: a number and its synthetic hash
     number = made["sourceBlockNumber"]
     assert isinstance(number, int) and number > 0

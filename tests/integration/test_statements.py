@@ -36,7 +36,7 @@ from shared.db import Database
 from shared.timefmt import iso_ms, parse_iso, utcnow
 from tests.conftest import TenantKeys
 from tests.integration import test_sandbox as sandbox
-from tests.integration.test_sandbox import later, pipeline, run_until_settled, submit
+from tests.integration.test_deposit_source_block import credit_a_sandbox_deposit
 from tests.support.deposits import AccountRef, make_account
 
 pytestmark = pytest.mark.integration
@@ -556,15 +556,9 @@ def test_sandbox_deposits_have_statements_of_their_own(
 ) -> None:
     # Given a sandbox tenant's deposit credited by the real pipeline
     start = utcnow() - timedelta(seconds=1)
-    made = submit(
-        client,
-        sandbox_tenant.headers,
-        depositAddress=account.address(8453),
-        chainId=8453,
-        asset="USDC",
-        amount="12.00",
-    ).get_json()["deposit"]
-    assert run_until_settled(pipeline(core_context, later(minutes=0.01)), made["id"]) == "credited"
+    made = credit_a_sandbox_deposit(
+        client, core_context, sandbox_tenant, account, minutes_ahead=0.01
+    )
     credited = client.get(f"/v1/deposits/{made['id']}", headers=sandbox_tenant.headers)
     deposit = credited.get_json()["deposit"]
     # (the pipeline's clock ran 0.6 s ahead: the statement's period must have ended)
