@@ -161,6 +161,16 @@ _DEPOSIT_CELLS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "created_at": lambda d: d["createdAt"],
     "credited_at": lambda d: d["creditedAt"],
 }
+#: The columns totals and deposits both fill, and the JSON field each holds.
+_SHARED_CELLS = {
+    "chain_id": "chainId",
+    "asset": "asset",
+    "token_address": "tokenAddress",
+    "amount": "amount",
+    "amount_usd": "amountUsd",
+    "settlement_gas_fee_usd": "settlementGasFeeUsd",
+    "net_amount_usd": "netAmountUsd",
+}
 CSV_COLUMNS = (
     "record",
     "tenant_id",
@@ -179,6 +189,10 @@ CSV_COLUMNS = (
     "net_amount_usd",
     *_DEPOSIT_CELLS,
 )
+
+
+def _shared_cells(doc: dict[str, Any]) -> dict[str, Any]:
+    return {column: doc[key] for column, key in _SHARED_CELLS.items()}
 
 
 def csv_cell(value: Any) -> str:
@@ -206,18 +220,13 @@ class CsvWriter:
         self.rows.writerow([csv_cell(record), *(csv_cell(cells.get(c)) for c in CSV_COLUMNS[1:])])
 
     def _totals(self, record: str, totals: TokenTotals, figures: Figures) -> None:
-        doc = figures_document(figures, totals.decimals)
-        self._row(
-            record,
-            chain_id=totals.chain_id,
-            asset=totals.asset,
-            token_address=totals.token_address,
-            deposits=doc["deposits"],
-            amount=doc["amount"],
-            amount_usd=doc["amountUsd"],
-            settlement_gas_fee_usd=doc["settlementGasFeeUsd"],
-            net_amount_usd=doc["netAmountUsd"],
-        )
+        doc = {
+            "chainId": totals.chain_id,
+            "asset": totals.asset,
+            "tokenAddress": totals.token_address,
+            **figures_document(figures, totals.decimals),
+        }
+        self._row(record, deposits=doc["deposits"], **_shared_cells(doc))
 
     def start(self) -> None:
         h = self.header
@@ -236,17 +245,8 @@ class CsvWriter:
 
     def deposit(self, row: Any) -> None:
         d = deposit_document(row)
-        self._row(
-            "deposit",
-            chain_id=d["chainId"],
-            asset=d["asset"],
-            token_address=d["tokenAddress"],
-            amount=d["amount"],
-            amount_usd=d["amountUsd"],
-            settlement_gas_fee_usd=d["settlementGasFeeUsd"],
-            net_amount_usd=d["netAmountUsd"],
-            **{column: cell(d) for column, cell in _DEPOSIT_CELLS.items()},
-        )
+        own = {column: cell(d) for column, cell in _DEPOSIT_CELLS.items()}
+        self._row("deposit", **_shared_cells(d), **own)
 
     def finish(self) -> None:
         for totals in self.totals:
