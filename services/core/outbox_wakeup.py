@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -170,3 +171,73 @@ class RelayWaker:
                     log.warning("outbox NOTIFY failed (%s); the relay's poll covers it", err)
                     self._closed.wait(RETRY_PAUSE_S)  # no hot loop while the server is down
         return None
+
+
+#: How often a listener asleep looks at its stop flag (a commit wakes it at once).
+STOP_CHECK_S = 1.0
+#: Whether the relay has work: an index probe of the unpublished rows' partial index.
+_ROWS_WAIT = "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
+
+
+class OutboxListener:
+    """A dedicated autocommit connection LISTENing on the outbox channel: what the relay
+    and the deposit settlement loop sleep on, so an idle worker waits on a socket and
+    wakes the moment core commits an event."""
+
+    def __init__(self, db: Database, *, channel: str = NOTIFY_CHANNEL) -> None:
+        self._url = db.libpq_url
+        self._channel = channel
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a NOTIFY (True) or the timeout (False). Reconnects on error."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+                self._conn.execute(f"LISTEN {self._channel}")
+                # Rows may have been committed before LISTEN: look once before sleeping.
+                return True
+            woke = False
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                woke = True
+            if woke:
+                # Coalesce the burst: every commit since has been seen by this wake-up.
+                for _ in self._conn.notifies(timeout=0.0):
+                    pass
+            return woke
+        except psycopg.Error as err:
+            log.warning("outbox LISTEN connection failed (%s); polling until it is back", err)
+            self.close()
+            time.sleep(min(timeout, 1.0))
+            return False
+
+    def sleep(self, stop: threading.Event, seconds: float) -> bool:
+        """Until a commit (True), `seconds` or `stop` (False); `stop` is seen within
+        STOP_CHECK_S."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.wait(min(remaining, STOP_CHECK_S)):
+                return True
+        return False
+
+    def rows_wait(self) -> bool:
+        """Whether an unpublished row is there, read on this connection (never a pool's:
+        a probe must not wait for a connection). True when it cannot tell (no
+        connection: the relay round then meets the error and backs off)."""
+        if self._conn is None or self._conn.closed:
+            return True
+        try:
+            row = self._conn.execute(_ROWS_WAIT).fetchone()
+        except psycopg.Error:
+            self.close()
+            return True
+        return bool(row and row[0])
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(psycopg.Error):
+                conn.close()

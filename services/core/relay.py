@@ -12,8 +12,10 @@ within that gap send none, so after a wake-up or a published row the relay probe
 for unpublished rows every `HOT_POLL_S` for `HOT_WINDOW_S` (longer than the gap): a
 commit during a burst waits for the relay's next probe (2 ms, plus any round under
 way), not for the gap. A commit the window misses (a round that found only rows
-another relay holds ends it) is still NOTIFYed at its gap's end. Polling every
-`poll_s` is only the fallback.
+another relay holds ends it) is still NOTIFYed at its gap's end. At rest the relay
+sleeps on its LISTEN socket; every `poll_s` it probes for unpublished rows (one index
+read on that connection) and runs a round only when one waits: the fallback for a
+NOTIFY that was lost.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
@@ -35,8 +36,7 @@ from sqlalchemy.orm import Session
 
 from services.core.config import CoreConfig
 from services.core.models import OutboxEvent
-from services.core.outbox import NOTIFY_CHANNEL
-from services.core.outbox_wakeup import MIN_GAP_S
+from services.core.outbox_wakeup import MIN_GAP_S, OutboxListener
 from shared.backoff import Backoff
 from shared.bus import BusNames, EventPublisher, OutgoingEvent, PublishError, RabbitPublisher
 from shared.db import Database
@@ -190,59 +190,6 @@ def _done(confirmed: list[int], failure: PublishError | None, metrics: RelayMetr
     return len(confirmed)
 
 
-#: Whether the relay has work: an index probe of the unpublished rows' partial index.
-_ROWS_WAIT = "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
-
-
-class _Listener:
-    """A dedicated autocommit connection LISTENing on the outbox channel (PostgreSQL)."""
-
-    def __init__(self, db: Database) -> None:
-        self._url = db.libpq_url
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def wait(self, timeout: float) -> bool:
-        """Block until a NOTIFY (True) or the timeout (False). Reconnects on error."""
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
-                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                # Rows may have been committed before LISTEN: look once before sleeping.
-                return True
-            woke = False
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                woke = True
-            if woke:
-                # Coalesce the burst: every commit since has been seen by this wake-up.
-                for _ in self._conn.notifies(timeout=0.0):
-                    pass
-            return woke
-        except psycopg.Error as err:
-            log.warning("outbox LISTEN connection failed (%s); polling until it is back", err)
-            self.close()
-            time.sleep(min(timeout, 1.0))
-            return False
-
-    def rows_wait(self) -> bool:
-        """Whether an unpublished row is there, read on this connection (never a pool's:
-        a probe must not wait for a connection). True when it cannot tell (no
-        connection: the relay round then meets the error and backs off)."""
-        if self._conn is None or self._conn.closed:
-            return True
-        try:
-            row = self._conn.execute(_ROWS_WAIT).fetchone()
-        except psycopg.Error:
-            self.close()
-            return True
-        return bool(row and row[0])
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with suppress(psycopg.Error):
-                conn.close()
-
-
 @contextmanager
 def _closing(publisher: EventPublisher) -> Iterator[EventPublisher]:
     try:
@@ -262,7 +209,7 @@ def run_relay(
 ) -> None:
     """Relay until `stop`: drain, then sleep until a commit (LISTEN), a poll tick or `stop`
     (after a wake-up or a published row, only a look's while: `HOT_WINDOW_S`)."""
-    listener = _Listener(db)
+    listener = OutboxListener(db)
     backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
     hot_until = 0.0
     probed = False  # this round was started by a probe that saw an unpublished row
@@ -293,54 +240,53 @@ def run_relay(
                     # The rows the probe saw are another relay's, locked while it
                     # publishes them (SKIP LOCKED): no more looks until a NOTIFY.
                     hot_until = 0.0
-                woke = _wait(listener, stop, poll_s, hot_until)
+                woke = _IDLE
+                while woke == _IDLE:
+                    woke = _wait(listener, stop, poll_s, hot_until)
+                    _keepalive(publisher)
                 probed = woke == _PROBED
                 if woke == _NOTIFIED:
                     hot_until = time.monotonic() + HOT_WINDOW_S
-                try:
-                    publisher.keepalive()
-                except Exception:  # a broken connection is reopened by the next publish
-                    log.warning("outbox relay: keepalive failed; reconnecting", exc_info=True)
-                    publisher.close()
         finally:
             listener.close()
             log.info("outbox relay stopped")
 
 
-#: Why `_wait` returned.
-_NOTIFIED, _PROBED, _TICK = "notified", "probed", "tick"
+def _keepalive(publisher: EventPublisher) -> None:
+    try:
+        publisher.keepalive()
+    except Exception:  # a broken connection is reopened by the next publish
+        log.warning("outbox relay: keepalive failed; reconnecting", exc_info=True)
+        publisher.close()
 
 
-def _wait(listener: _Listener, stop: threading.Event, poll_s: float, hot_until: float) -> str:
+#: Why `_wait` returned: a NOTIFY, a hot probe that saw a row, a poll tick (or stop)
+#: that may have rows, a poll tick whose probe saw none (nothing to relay).
+_NOTIFIED, _PROBED, _TICK, _IDLE = "notified", "probed", "tick", "idle"
+
+
+def _wait(listener: OutboxListener, stop: threading.Event, poll_s: float, hot_until: float) -> str:
     """Until there may be rows to relay: a NOTIFY (`_NOTIFIED`), a probe that saw an
-    unpublished row (`_PROBED`), or the poll tick or `stop` (`_TICK`).
+    unpublished row (`_PROBED`), or `stop` (`_TICK`).
 
     Until `hot_until`, a probe every HOT_POLL_S on the listener's own connection (one
-    index read; a relay round's transaction only when a row waits); then a sleep as
-    `_sleep`.
+    index read; a relay round's transaction only when a row waits). Then asleep on the
+    LISTEN socket, with the same probe every `poll_s` (the fallback for a lost NOTIFY:
+    an idle relay costs one index read per tick, not a round's transaction).
     """
     while not stop.is_set():
         hot_for = hot_until - time.monotonic()
         if hot_for <= 0:
-            return _NOTIFIED if _sleep(listener, stop, poll_s) else _TICK
+            if listener.sleep(stop, poll_s):
+                return _NOTIFIED
+            if stop.is_set() or listener.rows_wait():
+                return _TICK
+            return _IDLE
         if listener.wait(min(HOT_POLL_S, hot_for)):
             return _NOTIFIED
         if listener.rows_wait():
             return _PROBED
     return _TICK
-
-
-def _sleep(listener: _Listener, stop: threading.Event, poll_s: float) -> bool:
-    """Until the next commit (True) or poll tick, and never longer than a stop check allows."""
-    deadline = time.monotonic() + poll_s
-    while not stop.is_set():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        # Short slices so `stop` is seen promptly while no commit comes.
-        if listener.wait(min(remaining, 0.5)):
-            return True
-    return False
 
 
 def relay_publisher_factory(config: CoreConfig) -> PublisherFactory:

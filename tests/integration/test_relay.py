@@ -417,3 +417,46 @@ def test_rows_another_relay_holds_end_the_look_window_instead_of_spinning(
     assert not thread.is_alive()
     # Then it runs about a round per wake-up (one more after each probe), not one per 2 ms
     assert during <= 25, f"{during} relay rounds for 10 NOTIFYs in 0.5 s"
+
+
+def test_an_idle_relay_probes_instead_of_running_rounds_and_still_finds_a_silent_row(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At rest the relay sleeps on its LISTEN socket; each poll tick is an index probe on
+    that connection, and a relay round's transaction only runs when a row waits."""
+    _relay_all(db, InProcessBus(lambda body: None))
+    rounds = [0]
+    real_round = relay_module.relay_once
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        rounds[0] += 1
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(relay_module, "relay_once", counted)
+    received: list[str] = []
+    # Given a relay that polls every 0.1 s, with nothing to relay
+    stop = threading.Event()
+    thread = start_relay_thread(
+        db,
+        lambda: InProcessBus(lambda body: received.append(json.loads(body)["id"])),
+        stop,
+        poll_s=0.1,
+    )
+    try:
+        time.sleep(0.5)
+        before = rounds[0]
+        # When it stays idle for a second (ten ticks)
+        time.sleep(1.0)
+        idle_rounds = rounds[0] - before
+        # And a row is committed that sends no NOTIFY (its writer's wake-up was lost)
+        silent, row = outbox.event_row(events.DEPOSIT_CREDITED, "ten_silent", {"n": 1})
+        with db.engine.begin() as conn:
+            conn.execute(sa.insert(OutboxEvent).values(row))
+        # Then the tick's probe finds it and a round publishes it
+        wait_until(lambda: silent["id"] in received, 5, "the silent row on the bus")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    # And the idle second ran no relay round at all
+    assert idle_rounds == 0, f"{idle_rounds} relay rounds in a second with nothing to relay"

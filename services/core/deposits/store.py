@@ -6,7 +6,7 @@ and re-checks it) or detached rows (read, then used outside the session).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -26,6 +26,10 @@ def lock(session: Session, deposit_id: str, *, skip_locked: bool = False) -> Dep
         .execution_options(populate_existing=True)
     )
     return session.scalars(stmt).first()
+
+
+#: A queued deposit with no due time is due at once.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _due(now: datetime) -> sa.ColumnElement[bool]:
@@ -99,3 +103,26 @@ class DepositStore:
             .order_by(Deposit.id)
             .limit(limit)
         )
+
+    def next_work(self) -> tuple[datetime | None, datetime | None, bool]:
+        """What the settlement loop has ahead without a new commit, in one read: the
+        earliest due time of a queued deposit (settlement or poll; NULL counts as due at
+        the epoch), the earliest mark of a deposit mid-call (it is interrupted
+        `stuck_payment_s` later), and whether sandbox deposits wait for confirmations."""
+        open_ = Deposit.status.in_((states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED))
+        queued = sa.func.min(sa.func.coalesce(Deposit.next_attempt_at, _EPOCH)).filter(
+            open_, Deposit.settle_phase.is_(None)
+        )
+        marked = sa.func.min(Deposit.updated_at).filter(open_, Deposit.settle_phase.is_not(None))
+        sandbox = sa.func.count().filter(
+            Deposit.status == states.SOURCE_SEEN, Deposit.sandbox.is_(True)
+        )
+        with self.db.reader() as session:
+            due, mark, waiting = session.execute(
+                sa.select(queued, marked, sandbox).where(
+                    Deposit.status.in_(
+                        (states.SOURCE_SEEN, states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED)
+                    )
+                )
+            ).one()
+        return due, mark, bool(waiting)

@@ -16,6 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
+
+import sqlalchemy as sa
 
 from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
@@ -35,11 +38,17 @@ from services.core.deposits.settling import Settling
 from services.core.deposits.watcher import ChainWatcher
 from services.core.evm import Web3ChainReader
 from services.core.hot_wallet import Erc20TransferExecutor
+from services.core.outbox_wakeup import OutboxListener
 
 log = logging.getLogger(__name__)
 
 #: Longest pause after a failed round (a node or database outage), seconds.
 MAX_BACKOFF_S = 30.0
+#: Longest sleep of an idle settlement loop. Every deposit that needs it is woken
+#: sooner: a commit of core's (a deposit seen or confirmed emits an event) NOTIFYs the
+#: loop at once, and a retry, a poll or a recovery is due at a time the loop reads
+#: before it sleeps. This only bounds the wait for a NOTIFY that was lost.
+IDLE_POLL_S = 10.0
 
 
 @dataclass
@@ -76,6 +85,29 @@ class Pipeline:
             settling.settlement.check_health(settling.db, settling.clock())
             self._health_due = time.monotonic() + self.settings.health_check_s
         return work
+
+    def idle_wait(self, idle_s: float) -> float:
+        """Seconds the settlement loop may sleep after a round with nothing to do: until the
+        earliest retry, poll or recovery falls due, the next simulated block while sandbox
+        deposits wait, or the next price refresh or health check; IDLE_POLL_S at most,
+        `idle_s` at least (something due now that a round could not take, because another
+        worker holds it, waits that long, as before)."""
+        due, mark, sandbox_waiting = self.settling.store.next_work()
+        now = self.settling.clock()
+        waits = [IDLE_POLL_S]
+        if due is not None:
+            waits.append((due - now).total_seconds())
+        if mark is not None:
+            stuck = mark + timedelta(seconds=self.settings.stuck_payment_s)
+            waits.append((stuck - now).total_seconds())
+        if sandbox_waiting:
+            waits.append(self.sandbox.chain.block_s)
+        monotonic = time.monotonic()
+        if self.price_feed is not None:
+            waits.append(self._prices_due - monotonic)
+        if self.settling.settlement.providers:
+            waits.append(self._health_due - monotonic)
+        return max(idle_s, min(waits))
 
 
 def build_payers(
@@ -150,8 +182,16 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
     )
 
 
-def loop(name: str, step: Callable[[], bool], idle_s: float, stop: threading.Event) -> None:
-    """Run `step` until `stop`; wait `idle_s` when it had nothing to do, back off on errors."""
+def loop(
+    name: str,
+    step: Callable[[], bool],
+    idle_s: float,
+    stop: threading.Event,
+    *,
+    idle: Callable[[], object] | None = None,
+) -> None:
+    """Run `step` until `stop`; when it had nothing to do, call `idle` (default: wait
+    `idle_s`); back off on errors."""
     failures = 0
     while not stop.is_set():
         try:
@@ -163,7 +203,33 @@ def loop(name: str, step: Callable[[], bool], idle_s: float, stop: threading.Eve
             stop.wait(min(MAX_BACKOFF_S, idle_s * 2**failures))
             continue
         if not busy:
-            stop.wait(idle_s)
+            if idle is None:
+                stop.wait(idle_s)
+            else:
+                idle()
+
+
+def settle_loop(pipeline: Pipeline, stop: threading.Event) -> None:
+    """Settlement rounds until `stop`; between idle rounds, asleep on core's outbox
+    channel (LISTEN) until a commit, the next due time (`Pipeline.idle_wait`) or stop."""
+    settings = pipeline.settings
+    idle_s = settings.poll_s
+    if settings.sandbox_block_s > 0:
+        idle_s = min(idle_s, settings.sandbox_block_s)
+    listener = OutboxListener(pipeline.settling.db)
+
+    def idle() -> None:
+        try:
+            wait_s = pipeline.idle_wait(idle_s)
+        except sa.exc.DBAPIError:
+            log.warning("settlement: could not read what is due; looking again in %ss", idle_s)
+            wait_s = idle_s
+        listener.sleep(stop, wait_s)
+
+    try:
+        loop("settlement", lambda: pipeline.settle_round() > 0, idle_s, stop, idle=idle)
+    finally:
+        listener.close()
 
 
 def run_pipeline(ctx: CoreContext, stop: threading.Event) -> None:
@@ -189,15 +255,9 @@ def run(pipeline: Pipeline, stop: threading.Event) -> None:
         )
         for w in pipeline.watchers
     ]
-    idle_s = settings.poll_s
-    if settings.sandbox_block_s > 0:
-        idle_s = min(idle_s, settings.sandbox_block_s)
     threads.append(
         threading.Thread(
-            target=loop,
-            args=("settlement", lambda: pipeline.settle_round() > 0, idle_s, stop),
-            name="deposit-settlement",
-            daemon=True,
+            target=settle_loop, args=(pipeline, stop), name="deposit-settlement", daemon=True
         )
     )
     for thread in threads:
