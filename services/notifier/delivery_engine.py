@@ -32,6 +32,7 @@ from services.notifier.config import NotifierConfig
 from services.notifier.consumer import EventConsumer, inprocess_handler
 from services.notifier.context import NotifierContext
 from services.notifier.delivery_store import DeliveryStore
+from services.notifier.dramatiq_worker import QuietWorker
 from services.notifier.limiter import EndpointLimiter, share_of
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.retry_policy import DeliveryTuning
@@ -190,7 +191,7 @@ def start_worker(engine: DeliveryEngine, *, threads: int, stop: threading.Event)
     that keeps its waiting deliveries due (see Deliverer.keep_waiting) until `stop`."""
     # What the dramatiq CLI does in each worker process (starts TimeLimit's watchdog).
     engine.broker.emit_after("process_boot")
-    worker = dramatiq.Worker(
+    worker = QuietWorker(
         engine.broker,
         worker_threads=threads,
         queues={engine.queues.queue, engine.queues.retry_queue},
