@@ -40,6 +40,7 @@ from services.core.outbox_wakeup import MIN_GAP_S, OutboxListener
 from shared.backoff import Backoff
 from shared.bus import BusNames, EventPublisher, OutgoingEvent, PublishError, RabbitPublisher
 from shared.db import Database
+from shared.metrics import CachedCollector
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,11 @@ def outbox_lag(db: Database, now: datetime | None = None) -> tuple[int, float]:
 
 def api_metrics_registry(db: Database) -> CollectorRegistry:
     """The registry core's API serves on /metrics: database-derived gauges only."""
-    from services.core.deposits.metrics import ChainCollector
+    from services.core.deposits.metrics import ChainCollector, DepositCollector
 
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(OutboxCollector(db))
-    registry.register(ChainCollector(db))
+    for collector in (OutboxCollector(db), ChainCollector(db), DepositCollector(db)):
+        registry.register(CachedCollector(collector))
     return registry
 
 

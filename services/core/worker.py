@@ -35,34 +35,48 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
     from prometheus_client import CollectorRegistry
 
     from services.core.backfill import run_address_backfill
-    from services.core.deposits.metrics import ChainCollector
-    from services.core.deposits.worker import run_pipeline
+    from services.core.deposits.metrics import ChainCollector, DepositCollector
+    from services.core.deposits.worker import PipelineMetrics, run_pipeline
     from services.core.fee_oracle import run_fee_oracle
+    from services.core.hot_wallet_balances import hot_wallet_balances
     from services.core.relay import (
         OutboxCollector,
         RelayMetrics,
         relay_publisher_factory,
         run_relay,
     )
-    from shared.metrics import metrics_port, serve_metrics
+    from shared.metrics import CachedCollector, metrics_port, serve_metrics
 
     if not ctx.config.amqp_url:
         raise SettingsError("settle core worker needs SETTLE_AMQP_URL (settle dev embeds a broker)")
     publisher_factory = relay_publisher_factory(ctx.config)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(OutboxCollector(ctx.db))
-    registry.register(ChainCollector(ctx.db))
+    for collector in (OutboxCollector(ctx.db), ChainCollector(ctx.db), DepositCollector(ctx.db)):
+        registry.register(CachedCollector(collector))
     relay_metrics = RelayMetrics(registry)
+    pipeline_metrics = PipelineMetrics(registry)
+    settings = ctx.config.deposits
+    balances = hot_wallet_balances(
+        ctx.registry,
+        ctx.config.rpc_urls,
+        settings.hot_wallet_key,
+        settings.hot_wallet_minimums,
+        registry,
+        settings.rpc_timeout_s,
+    )
     serve_metrics(registry, metrics_port())  # SETTLE_METRICS_PORT; nothing when unset
-    return [
+    tasks = [
         Task("fee-oracle", lambda stop: run_fee_oracle(ctx, stop)),
         Task(
             "outbox-relay",
             lambda stop: run_relay(ctx.db, publisher_factory, stop, metrics=relay_metrics),
         ),
-        Task("deposit-pipeline", lambda stop: run_pipeline(ctx, stop)),
+        Task("deposit-pipeline", lambda stop: run_pipeline(ctx, stop, pipeline_metrics)),
         Task("address-backfill", lambda stop: run_address_backfill(ctx, stop)),
     ]
+    if balances is not None:
+        tasks.append(Task("hot-wallet-balances", balances.run))
+    return tasks
 
 
 def supervise(tasks: list[Task], stop: threading.Event) -> int:

@@ -18,6 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: A breaker's states as `states()` and the metrics name them (closed ones have none).
+OPEN, HALF_OPEN = "open", "half_open"
+
 
 @dataclass
 class _State:
@@ -101,6 +104,17 @@ class CircuitBreakers:
                 state.probing = False
                 return True
             return False
+
+    def states(self) -> dict[str, int]:
+        """How many endpoints' breakers are OPEN (cooling down) and HALF_OPEN (a probe may go
+        or is out)."""
+        counts = {OPEN: 0, HALF_OPEN: 0}
+        now = self._clock()
+        with self._lock:
+            for state in self._states.values():
+                if state.failures >= self.threshold:
+                    counts[OPEN if now < state.open_until else HALF_OPEN] += 1
+        return counts
 
     def open_count(self) -> int:
         """Endpoints whose breaker is open or probing."""

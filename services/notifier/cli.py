@@ -12,13 +12,16 @@ import threading
 import time
 
 from services.notifier.config import NotifierConfig
-from services.notifier.metrics import DeliveryQueueCollector
-from shared.metrics import metrics_port, serve_metrics
+from services.notifier.metrics import BreakerCollector, DeadLetterCollector, DeliveryQueueCollector
+from shared.metrics import CachedCollector, metrics_port, serve_metrics
 from shared.serve import default_workers, serve
 from shared.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
+#: How long the dead-letter queues' depths are served again (each reading is a connection
+#: to RabbitMQ).
+DEAD_LETTERS_TTL_S = 15.0
 #: How long a parent waits for its worker processes after SIGTERM before SIGKILL.
 CHILD_STOP_S = 20.0
 
@@ -61,8 +64,15 @@ def notifier_consume(args: argparse.Namespace) -> int:
     config = _engine_config()
     engine = build_engine(config, EngineSettings.from_env(config))
     ctx = engine.ctx
-    engine.metrics.registry.register(DeliveryQueueCollector(ctx.db))
-    serve_metrics(engine.metrics.registry, metrics_port())
+    registry = engine.metrics.registry
+    registry.register(CachedCollector(DeliveryQueueCollector(ctx.db)))
+    registry.register(
+        CachedCollector(
+            DeadLetterCollector(config.amqp_url or "", engine.settings.names),
+            ttl_s=DEAD_LETTERS_TTL_S,
+        )
+    )
+    serve_metrics(registry, metrics_port())
     stop = _stop_on_signals()
     try:
         return run_consume(engine, stop)
@@ -79,6 +89,7 @@ def notifier_worker(args: argparse.Namespace) -> int:
     threads = args.threads or config.worker_threads
     engine = build_engine(config, EngineSettings.from_env(config))
     ctx = engine.ctx
+    engine.metrics.registry.register(BreakerCollector(engine.deliverer.breakers))
     serve_metrics(engine.metrics.registry, metrics_port())
     stop = _stop_on_signals()
     try:

@@ -8,17 +8,35 @@ database at scrape time, so the notifier API can serve it from any of its worker
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC
+from datetime import datetime
 
+import pika
+import pika.exceptions
 import sqlalchemy as sa
+from dramatiq.common import xq_name
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.notifier.models import DISABLED, PENDING, RETRYING, SKIPPED, Delivery, Endpoint
+from services.notifier.breaker import HALF_OPEN, OPEN, CircuitBreakers
+from services.notifier.models import (
+    DISABLED,
+    FAILED,
+    PENDING,
+    RETRYING,
+    SKIPPED,
+    SUCCEEDED,
+    Delivery,
+    Endpoint,
+)
+from shared.bus import NOTIFIER_DEAD_QUEUE, BusNames
 from shared.db import Database
+from shared.metrics import CachedCollector
 from shared.timefmt import utcnow
 
+#: What `settle_notifier_events_total{result}` counts: a message stored as an event, one
+#: already stored (redelivered), one that can never be an event, one not from core.
+EVENT_RESULTS = ("stored", "duplicate", "malformed", "untrusted")
 #: Attempt latency buckets (seconds): a receiver should answer in milliseconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Commit-to-receipt buckets (seconds), first attempts and retries alike.
@@ -96,44 +114,63 @@ class NotifierMetrics:
             "Due deliveries with no job in flight that the sweeper enqueued again",
             registry=self.registry,
         )
+        # Known label values start at 0, so rates and `absent()` see them before the
+        # first event (Prometheus' advice for labelled counters).
+        for result in EVENT_RESULTS:
+            self.events.labels(result)
+        for outcome in (SUCCEEDED, FAILED, SKIPPED):
+            self.deliveries.labels(outcome)
+        self.attempts.labels("success")
+        self.endpoints_disabled.labels("failing")
+
+
+#: The `queue` label of the delivery gauges: the job queue a due delivery waits on
+#: (first attempts, and retries: `broker.DeliveryQueues`), named as in RabbitMQ.
+FIRST_QUEUE, RETRY_QUEUE = "webhooks", "webhooks.retry"
 
 
 class DeliveryQueueCollector(Collector):
-    """Deliveries due now and how late the oldest is: the real queue, from the database."""
+    """Deliveries due now and how late the oldest is, per queue: the real queue, from the
+    database (a delivery with no attempt yet waits for a first attempt; one with attempts,
+    for a retry). Lag is measured from when a delivery fell due, not from its event."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = utcnow()
-        with self._db.reader() as session:
-            count, oldest = session.execute(
-                sa.select(sa.func.count(), sa.func.min(Delivery.next_attempt_at)).where(
-                    Delivery.status.in_((PENDING, RETRYING)), Delivery.next_attempt_at <= now
-                )
-            ).one()
         depth = GaugeMetricFamily(
-            "settle_webhook_queue_depth", "Deliveries due now (pending or retrying)"
+            "settle_webhook_queue_depth",
+            "Deliveries due now and not yet sent (pending or retrying), per queue",
+            labels=["queue"],
         )
-        depth.add_metric([], int(count or 0))
-        yield depth
         late = GaugeMetricFamily(
-            "settle_webhook_queue_oldest_due_seconds", "How overdue the oldest due delivery is"
+            "settle_webhook_queue_oldest_due_seconds",
+            "How long the oldest due delivery has been due, per queue (0: none due)",
+            labels=["queue"],
         )
-        if oldest is not None:
-            if oldest.tzinfo is None:  # SQLite aggregates skip the column type
-                oldest = oldest.replace(tzinfo=UTC)
-            late.add_metric([], max(0.0, (now - oldest).total_seconds()))
-        else:
-            late.add_metric([], 0.0)
-        yield late
+        queue = sa.case((Delivery.attempt_count > 0, RETRY_QUEUE), else_=FIRST_QUEUE)
+        found: dict[str, tuple[int, datetime | None]] = {}
         with self._db.reader() as session:
+            for name, count, oldest in session.execute(
+                sa.select(queue, sa.func.count(), sa.func.min(Delivery.next_attempt_at))
+                .where(Delivery.status.in_((PENDING, RETRYING)), Delivery.next_attempt_at <= now)
+                .group_by(queue)
+            ):
+                found[name] = (int(count or 0), oldest)
             disabled = session.scalar(
                 sa.select(sa.func.count()).where(
                     Endpoint.status == DISABLED, Endpoint.deleted_at.is_(None)
                 )
             )
             skipped = session.scalar(sa.select(sa.func.count()).where(Delivery.status == SKIPPED))
+        for name in (FIRST_QUEUE, RETRY_QUEUE):
+            count, oldest = found.get(name, (0, None))
+            depth.add_metric([name], count)
+            due_for = 0.0 if oldest is None else (now - oldest).total_seconds()
+            late.add_metric([name], max(0.0, due_for))
+        yield depth
+        yield late
         gauge = GaugeMetricFamily(
             "settle_webhook_endpoints_disabled", "Live endpoints that are disabled"
         )
@@ -147,8 +184,68 @@ class DeliveryQueueCollector(Collector):
         yield gauge
 
 
+class BreakerCollector(Collector):
+    """`settle_webhook_breakers{state}`: endpoints whose circuit breaker is open (no attempt
+    goes) or half-open (a probe may go) in this worker process. No endpoint label: which
+    endpoints, the logs and the portal say."""
+
+    def __init__(self, breakers: CircuitBreakers) -> None:
+        self._breakers = breakers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "settle_webhook_breakers",
+            "Endpoints whose circuit breaker is open or half-open in this worker process",
+            labels=["state"],
+        )
+        states = self._breakers.states()
+        for state in (OPEN, HALF_OPEN):
+            family.add_metric([state], states.get(state, 0))
+        yield family
+
+
 def api_metrics_registry(db: Database) -> CollectorRegistry:
     """The registry the notifier API serves on /metrics."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(DeliveryQueueCollector(db))
+    registry.register(CachedCollector(DeliveryQueueCollector(db)))
     return registry
+
+
+class DeadLetterCollector(Collector):
+    """`settle_dead_letter_messages{queue}`: messages waiting in the dead-letter queues,
+    read from RabbitMQ (a passive declare each; a queue not declared yet holds none):
+    domain events the consumer refused (malformed, untrusted: `settle.notifier.events.dead`)
+    and delivery jobs that raised (Dramatiq's `.XQ` of each job queue). The `queue` label
+    is the name without SETTLE_AMQP_PREFIX."""
+
+    def __init__(self, amqp_url: str, names: BusNames) -> None:
+        self._params = pika.URLParameters(amqp_url)
+        self._params.socket_timeout = 5
+        self._params.blocked_connection_timeout = 5
+        self._params.client_properties = {"connection_name": "settle notifier metrics"}
+        self._prefix = names.prefix
+        self._queues = (NOTIFIER_DEAD_QUEUE, xq_name(FIRST_QUEUE), xq_name(RETRY_QUEUE))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "settle_dead_letter_messages",
+            "Messages waiting in a dead-letter queue (refused events, delivery jobs that raised)",
+            labels=["queue"],
+        )
+        connection = pika.BlockingConnection(self._params)
+        try:
+            channel = connection.channel()
+            for queue in self._queues:
+                try:
+                    declared = channel.queue_declare(self._prefix + queue, passive=True)
+                    count = int(declared.method.message_count)
+                except pika.exceptions.ChannelClosedByBroker as err:
+                    if err.reply_code != 404:
+                        raise
+                    count = 0  # never declared: nothing was ever dead-lettered there
+                    channel = connection.channel()
+                family.add_metric([queue], count)
+        finally:
+            if connection.is_open:
+                connection.close()
+        yield family

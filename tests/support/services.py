@@ -111,3 +111,24 @@ def clone_database(template: str, name: str) -> str:
     with psycopg.connect(pg_admin_url(), autocommit=True) as conn:
         conn.execute(statement)
     return database_url(name)
+
+
+def require_tool(name: str, package: str) -> str:
+    """The path of an executable from Debian's `package`; skip without it (fail in CI,
+    which must install it: see .ci/run). Looks in the sbin folders a non-root PATH lacks."""
+    import shutil
+
+    found = shutil.which(name) or next(
+        (
+            str(Path(folder) / name)
+            for folder in ("/usr/sbin", "/usr/local/sbin", "/usr/bin")
+            if os.access(Path(folder) / name, os.X_OK)
+        ),
+        None,
+    )
+    if found:
+        return found
+    message = f"{name} is not installed (apt-get install {package})"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must install it (see .ci/run)", pytrace=False)
+    pytest.skip(message)

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from services.core.deposits import states
 from services.core.deposits.models import (
+    OPEN_DEPOSITS,
     ChainCursor,
     ChainIncident,
     Deposit,
@@ -129,4 +130,59 @@ class ChainCollector(Collector):
         yield strays
         yield under_final
         yield in_flight
+        yield oldest
+
+
+#: Deposits not yet final, as `settle_deposits_pending` reports them.
+PENDING_STATUSES = (
+    states.SOURCE_SEEN,
+    states.SOURCE_CONFIRMED,
+    states.CREDIT_SUBMITTED,
+    states.MANUAL_REVIEW_REQUIRED,
+)
+
+
+class DepositCollector(Collector):
+    """Deposits waiting for their credit (live ones; sandbox deposits move no money), by
+    status, and the age of the oldest of each, from the database.
+
+    - `settle_deposits_pending{status}`: `source_seen` (confirming), `source_confirmed`
+      and `credit_submitted` (settling), `manual_review_required` (waiting for ops).
+    - `settle_deposits_pending_oldest_seconds{status}`: age since detection of the oldest.
+      Settling for long (the payments-stuck alert) or any deposit in review means a
+      customer's money waits for someone.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pending = GaugeMetricFamily(
+            "settle_deposits_pending",
+            "Live deposits not yet credited or failed, by status",
+            labels=["status"],
+        )
+        oldest = GaugeMetricFamily(
+            "settle_deposits_pending_oldest_seconds",
+            "Age since detection of the oldest live deposit in each pending status (0: none)",
+            labels=["status"],
+        )
+        now = utcnow()
+        found: dict[str, tuple[int, float]] = {}
+        with self._db.reader() as session:
+            for status, count, first in session.execute(
+                sa.select(Deposit.status, sa.func.count(), sa.func.min(Deposit.created_at))
+                .where(
+                    sa.text(OPEN_DEPOSITS),  # the open deposits' partial index
+                    Deposit.status.in_(PENDING_STATUSES),
+                    Deposit.sandbox.is_(False),
+                )
+                .group_by(Deposit.status)
+            ):
+                found[status] = (count, max(0.0, (now - first).total_seconds()))
+        for status in PENDING_STATUSES:
+            count, age = found.get(status, (0, 0.0))
+            pending.add_metric([status], count)
+            oldest.add_metric([status], age)
+        yield pending
         yield oldest

@@ -26,6 +26,15 @@ class InventorySeed:
 
 
 @dataclass(frozen=True)
+class BalanceMinimum:
+    """A hot wallet balance below which ops want an alert (token units)."""
+
+    chain_id: int
+    asset: str
+    amount: Decimal
+
+
+@dataclass(frozen=True)
 class PipelineSettings:
     #: Seconds per simulated block of sandbox deposits (0: confirmed at once).
     sandbox_block_s: float = 0.05
@@ -83,6 +92,8 @@ class PipelineSettings:
     peg_band: Decimal = Decimal("0.02")
     #: Inventory balances to start from (rows already tracked are not overwritten).
     inventory: tuple[InventorySeed, ...] = ()
+    #: Hot wallet balances under which `settle_hot_wallet_balance` alerts.
+    hot_wallet_minimums: tuple[BalanceMinimum, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PipelineSettings:
@@ -115,6 +126,9 @@ class PipelineSettings:
             price_max_age_s=_non_negative(env, "SETTLE_PRICE_MAX_AGE_S", 300.0),
             peg_band=_decimal(env_str(env, "SETTLE_PEG_BAND", "0.02") or "0.02", "SETTLE_PEG_BAND"),
             inventory=parse_inventory(env_str(env, "SETTLE_INVENTORY", "") or ""),
+            hot_wallet_minimums=parse_minimums(
+                env_str(env, "SETTLE_HOT_WALLET_MIN_BALANCE", "") or ""
+            ),
         )
 
 
@@ -172,3 +186,18 @@ def parse_inventory(text: str) -> tuple[InventorySeed, ...]:
         threshold = _decimal(match.group(4), "SETTLE_INVENTORY") if match.group(4) else balance / 10
         seeds.append(InventorySeed(int(match.group(1)), match.group(2), balance, threshold))
     return tuple(seeds)
+
+
+def parse_minimums(text: str) -> tuple[BalanceMinimum, ...]:
+    """SETTLE_HOT_WALLET_MIN_BALANCE: `8453:USDC=5000,8453:ETH=0.05` (token units; the
+    chain's native symbol for its gas)."""
+    found = []
+    for item in (part for part in text.split(",") if part.strip()):
+        match = _INVENTORY_ITEM.match(item)
+        if not match or match.group(4):
+            raise SettingsError(
+                f"SETTLE_HOT_WALLET_MIN_BALANCE: {item!r} is not chainId:SYMBOL=amount"
+            )
+        amount = _decimal(match.group(3), "SETTLE_HOT_WALLET_MIN_BALANCE")
+        found.append(BalanceMinimum(int(match.group(1)), match.group(2), amount))
+    return tuple(found)

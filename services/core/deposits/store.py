@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from services.core.deposits import states
-from services.core.deposits.models import Deposit
+from services.core.deposits.models import OPEN_DEPOSITS, Deposit
 from shared.db import Database
 
 
@@ -120,9 +120,10 @@ class DepositStore:
         with self.db.reader() as session:
             due, mark, waiting = session.execute(
                 sa.select(queued, marked, sandbox).where(
+                    sa.text(OPEN_DEPOSITS),  # the open deposits' partial index
                     Deposit.status.in_(
                         (states.SOURCE_SEEN, states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED)
-                    )
+                    ),
                 )
             ).one()
         return due, mark, bool(waiting)

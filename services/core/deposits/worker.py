@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
@@ -182,6 +184,29 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
     )
 
 
+class PipelineMetrics:
+    """What the pipeline's loops count (the core worker's metrics port)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.watcher_errors = Counter(
+            "settle_watcher_errors",
+            "Chain watcher rounds that failed (the node or the database did not answer)",
+            ["chain_id"],
+            registry=registry,
+        )
+        self.watcher_success = Gauge(
+            "settle_watcher_last_success_timestamp_seconds",
+            "When each chain watcher last finished a round (Unix time)",
+            ["chain_id"],
+            registry=registry,
+        )
+        self.settlement_errors = Counter(
+            "settle_settlement_errors",
+            "Settlement rounds that failed (a node, a provider or the database)",
+            registry=registry,
+        )
+
+
 def loop(
     name: str,
     step: Callable[[], bool],
@@ -189,15 +214,21 @@ def loop(
     stop: threading.Event,
     *,
     idle: Callable[[], object] | None = None,
+    succeeded: Callable[[], object] | None = None,
+    failed: Callable[[], object] | None = None,
 ) -> None:
     """Run `step` until `stop`; when it had nothing to do, call `idle` (default: wait
-    `idle_s`); back off on errors."""
+    `idle_s`); back off on errors. `succeeded` and `failed` are told of each round."""
     failures = 0
     while not stop.is_set():
         try:
             busy = step()
             failures = 0
+            if succeeded is not None:
+                succeeded()
         except Exception:
+            if failed is not None:
+                failed()
             failures += 1
             log.exception("%s: round failed (%s in a row)", name, failures)
             stop.wait(min(MAX_BACKOFF_S, idle_s * 2**failures))
@@ -209,7 +240,9 @@ def loop(
                 idle()
 
 
-def settle_loop(pipeline: Pipeline, stop: threading.Event) -> None:
+def settle_loop(
+    pipeline: Pipeline, stop: threading.Event, metrics: PipelineMetrics | None = None
+) -> None:
     """Settlement rounds until `stop`; between idle rounds, asleep on core's outbox
     channel (LISTEN) until a commit, the next due time (`Pipeline.idle_wait`) or stop."""
     settings = pipeline.settings
@@ -227,37 +260,58 @@ def settle_loop(pipeline: Pipeline, stop: threading.Event) -> None:
         listener.sleep(stop, wait_s)
 
     try:
-        loop("settlement", lambda: pipeline.settle_round() > 0, idle_s, stop, idle=idle)
+        loop(
+            "settlement",
+            lambda: pipeline.settle_round() > 0,
+            idle_s,
+            stop,
+            idle=idle,
+            failed=None if metrics is None else metrics.settlement_errors.inc,
+        )
     finally:
         listener.close()
 
 
-def run_pipeline(ctx: CoreContext, stop: threading.Event) -> None:
+def run_pipeline(
+    ctx: CoreContext, stop: threading.Event, metrics: PipelineMetrics | None = None
+) -> None:
     """Run the watchers and the settlement loop until `stop` is set."""
     pipeline = build_pipeline(ctx)
-    run(pipeline, stop)
+    run(pipeline, stop, metrics)
 
 
-def run(pipeline: Pipeline, stop: threading.Event) -> None:
+def run(pipeline: Pipeline, stop: threading.Event, metrics: PipelineMetrics | None = None) -> None:
     """Run a built pipeline's loops in threads until `stop`."""
     settings = pipeline.settings
-    threads = [
-        threading.Thread(
-            target=loop,
-            args=(
-                f"watcher-{w.chain_id}",
-                lambda w=w: not w.tick().caught_up,
-                settings.watcher_poll_s,
-                stop,
-            ),
-            name=f"watcher-{w.chain_id}",
-            daemon=True,
+    threads = []
+    for watcher in pipeline.watchers:
+        counted: dict[str, Any] = {}
+        if metrics is not None:
+            chain = str(watcher.chain_id)
+            counted = {
+                "succeeded": metrics.watcher_success.labels(chain).set_to_current_time,
+                "failed": metrics.watcher_errors.labels(chain).inc,
+            }
+        threads.append(
+            threading.Thread(
+                target=loop,
+                args=(
+                    f"watcher-{watcher.chain_id}",
+                    lambda w=watcher: not w.tick().caught_up,
+                    settings.watcher_poll_s,
+                    stop,
+                ),
+                kwargs=counted,
+                name=f"watcher-{watcher.chain_id}",
+                daemon=True,
+            )
         )
-        for w in pipeline.watchers
-    ]
     threads.append(
         threading.Thread(
-            target=settle_loop, args=(pipeline, stop), name="deposit-settlement", daemon=True
+            target=settle_loop,
+            args=(pipeline, stop, metrics),
+            name="deposit-settlement",
+            daemon=True,
         )
     )
     for thread in threads:
