@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from services.core.config import CoreConfig
+from services.core.deposits.settings import BalanceMinimum, PipelineSettings
 from services.notifier.config import NotifierConfig
 from shared import embedded_postgres
 from shared.settings import SettingsError
@@ -49,3 +51,16 @@ def test_the_public_url_is_a_base_url() -> None:
     for bad in ("settle.example.com", "ftp://x", "https://x/#frag", "https://x/?a=1"):
         with pytest.raises(SettingsError):
             CoreConfig.from_env({**base, "SETTLE_PUBLIC_URL": bad})
+
+
+def test_hot_wallet_floors_are_read_per_chain_and_asset_and_a_typo_is_refused() -> None:
+    settings = PipelineSettings.from_env(
+        {"SETTLE_HOT_WALLET_MIN_BALANCE": "8453:USDC=5000, 8453:ETH=0.05"}
+    )
+    assert settings.hot_wallet_minimums == (
+        BalanceMinimum(8453, "USDC", Decimal(5000)),
+        BalanceMinimum(8453, "ETH", Decimal("0.05")),
+    )
+    for bad in ("8453=USDC:5000", "8453:USDC=5000@10", "8453:USDC=lots"):
+        with pytest.raises(SettingsError, match="SETTLE_HOT_WALLET_MIN_BALANCE"):
+            PipelineSettings.from_env({"SETTLE_HOT_WALLET_MIN_BALANCE": bad})
