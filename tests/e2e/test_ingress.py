@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.tls import self_signed
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -179,6 +181,12 @@ class Ingress:
     port: int
     proc: subprocess.Popen[bytes]
     run_dir: Path
+    #: The HTTPS port; its certificate (self-signed, its own CA) is run_dir/fullchain.pem.
+    tls_port: int = 0
+
+    @property
+    def ca_file(self) -> Path:
+        return self.run_dir / "fullchain.pem"
 
     def log(self) -> str:
         path = self.run_dir / "nginx.log"
@@ -197,13 +205,16 @@ class Ingress:
             self.proc.wait(timeout=STOP_TIMEOUT_S)
 
 
-def start_ingress(nginx: str, core: str, notifier: str) -> Ingress:
+def start_ingress(nginx: str, core: str, notifier: str, *, https_redirect: bool = False) -> Ingress:
+    """nginx on free loopback ports: plain HTTP (served, or redirected to HTTPS with
+    `https_redirect`) and HTTPS with a self-signed certificate."""
     run_dir = Path(tempfile.mkdtemp(prefix="settle-nginx-"))
     # As root, nginx's workers run as an unprivileged user: they must reach the temp dirs.
     run_dir.chmod(0o755)
+    cert, key = self_signed(run_dir)
     try:
         for _attempt in range(3):  # the free port may be taken between probe and bind
-            port = free_port()
+            port, tls_port = free_port(), free_port()
             conf = run_dir / "nginx.conf"
             text = render.render(
                 render.TEMPLATE.read_text(encoding="utf-8"),
@@ -211,6 +222,11 @@ def start_ingress(nginx: str, core: str, notifier: str) -> Ingress:
                     "CORE_UPSTREAM": core,
                     "NOTIFIER_UPSTREAM": notifier,
                     "LISTEN_PORT": f"127.0.0.1:{port}",
+                    "TLS_LISTEN": f"127.0.0.1:{tls_port}",
+                    "TLS_CERT": str(cert),
+                    "TLS_KEY": str(key),
+                    "HTTPS_REDIRECT": "1" if https_redirect else "0",
+                    "PUBLIC_HTTPS_PORT": str(tls_port),
                     "NGINX_RUN_DIR": str(run_dir),
                 },
             )
@@ -225,7 +241,7 @@ def start_ingress(nginx: str, core: str, notifier: str) -> Ingress:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            ingress = Ingress(port, proc, run_dir)
+            ingress = Ingress(port, proc, run_dir, tls_port)
             if _wait_listening(ingress):
                 return ingress
             ingress.stop()
@@ -252,8 +268,10 @@ def _wait_listening(ingress: Ingress) -> bool:
 
 
 @contextlib.contextmanager
-def running_ingress(nginx: str, core: str, notifier: str) -> Iterator[Ingress]:
-    ingress = start_ingress(nginx, core, notifier)
+def running_ingress(
+    nginx: str, core: str, notifier: str, *, https_redirect: bool = False
+) -> Iterator[Ingress]:
+    ingress = start_ingress(nginx, core, notifier, https_redirect=https_redirect)
     try:
         yield ingress
     finally:
@@ -578,7 +596,16 @@ def test_template_keeps_nginx_variables() -> None:
         render.TEMPLATE.read_text(encoding="utf-8"),
         {"CORE_UPSTREAM": "c:1", "NOTIFIER_UPSTREAM": "n:2", "LISTEN_PORT": "8080"},
     )
-    assert render.unfilled(text) == ["NGINX_RUN_DIR"]
+    assert render.unfilled(text) == sorted(
+        {
+            "NGINX_RUN_DIR",
+            "TLS_LISTEN",
+            "TLS_CERT",
+            "TLS_KEY",
+            "HTTPS_REDIRECT",
+            "PUBLIC_HTTPS_PORT",
+        }
+    )
     for var in ("$host", "$request_id", "$proxy_add_x_forwarded_for", "$scheme", "$http_host"):
         assert var in text
     with pytest.raises(ValueError):
@@ -588,6 +615,7 @@ def test_template_keeps_nginx_variables() -> None:
 def test_render_cli(tmp_path: Path) -> None:
     script = str(ROOT / "deploy/nginx/render.py")
     args = ["--core", "127.0.0.1:8000", "--notifier", "127.0.0.1:8001", "--port", "8080"]
+    args += ["--tls-port", "8443", "--tls-cert", "tls/a.pem", "--tls-key", "tls/b.pem"]
     out = subprocess.run(
         [sys.executable, script, *args, "--run-dir", str(tmp_path)],
         capture_output=True,
@@ -597,5 +625,7 @@ def test_render_cli(tmp_path: Path) -> None:
     ).stdout
     assert "server 127.0.0.1:8000;" in out and "server 127.0.0.1:8001;" in out
     assert "listen 8080 default_server;" in out
+    assert "listen 8443 ssl default_server;" in out
+    assert "return 308 https://$host:8443$request_uri;" in out
     assert f"pid {tmp_path}/nginx.pid;" in out
     assert render.unfilled(out) == []

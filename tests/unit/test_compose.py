@@ -2,12 +2,15 @@
 
 What `docker compose config` would catch for us (and a little more): every service is
 there, each runs a real `settle` command, start-up order, the ingress template wiring,
-and no stray `$` that compose would interpolate.
+and no stray `$` that compose would interpolate. The file is also rendered as compose
+would with a .env written by deploy/make_env.py (interpolation, then each service's
+env_file under its environment): what each process really gets.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -38,7 +41,13 @@ REQUIRED_VARS = {
     "SETTLE_DEPOSIT_XPUB",
     "SETTLE_AMQP_CORE_PASSWORD",
     "SETTLE_AMQP_NOTIFIER_PASSWORD",
+    "SETTLE_POSTGRES_PASSWORD",
+    "SETTLE_GRAFANA_ADMIN_PASSWORD",
 }
+#: Variables with a default in compose.yaml (`${NAME:-default}`).
+OPTIONAL_VARS = {"SETTLE_HTTP_PORT", "SETTLE_HTTPS_PORT", "SETTLE_TLS_DIR"}
+#: Secrets in .env: no Settle process gets them raw (only inside its own URLs).
+PASSWORDS = REQUIRED_VARS - {"SETTLE_SECRET_KEY", "SETTLE_DEPOSIT_XPUB"}
 #: service -> the RabbitMQ user it connects as (None: no broker access at all).
 BUS_USERS = {
     "migrate": None,
@@ -69,6 +78,8 @@ def test_every_service_is_there() -> None:
         "rabbitmq",
         "redis",
         "ingress",
+        "prometheus",
+        "grafana",
         *SETTLE_COMMANDS,
     }
 
@@ -96,9 +107,13 @@ def test_settle_services_run_the_settle_cli(name: str) -> None:
 def test_settle_services_share_the_environment(name: str) -> None:
     env = SERVICES[name]["environment"]
     assert env["SETTLE_ENV"] == "production"
-    assert env["SETTLE_DATABASE_URL"] == "postgresql+psycopg://settle:settle@postgres:5432/settle"
+    assert env["SETTLE_DATABASE_URL"] == (
+        "postgresql+psycopg://settle:${SETTLE_POSTGRES_PASSWORD:?set SETTLE_POSTGRES_PASSWORD"
+        " (python3 deploy/make_env.py)}@postgres:5432/settle"
+    )
     assert env["SETTLE_SECRET_KEY"].startswith("${SETTLE_SECRET_KEY:?")
     assert env["SETTLE_DEPOSIT_XPUB"].startswith("${SETTLE_DEPOSIT_XPUB:?")
+    assert SERVICES[name]["env_file"] == ".env"
 
 
 @pytest.mark.parametrize("name", sorted(SETTLE_COMMANDS))
@@ -194,10 +209,14 @@ def _published(service: dict[str, Any]) -> set[int]:
     return ports
 
 
-def test_only_the_ingress_is_published_on_8080() -> None:
-    assert _published(SERVICES["ingress"]) == {8080}
+def test_only_the_ingress_is_published_and_monitoring_only_on_loopback() -> None:
+    ingress = render_compose(make_env())["services"]["ingress"]
+    assert _published(ingress) == {8080, 8443}
+    for name in ("prometheus", "grafana"):
+        for entry in SERVICES[name]["ports"]:
+            assert str(entry).startswith("127.0.0.1:"), f"{name} must listen on loopback only"
     for name, service in SERVICES.items():
-        if name != "ingress":
+        if name not in ("ingress", "prometheus", "grafana"):
             assert not service.get("ports"), f"{name} publishes ports; only the ingress may"
 
 
@@ -229,7 +248,7 @@ def test_no_stray_compose_interpolation() -> None:
     )
     text = text.replace("$$", "")
     used = re.findall(r"\$\{?(\w+)", text)
-    assert set(used) == REQUIRED_VARS
+    assert set(used) == REQUIRED_VARS | OPTIONAL_VARS
 
 
 def test_env_example_lists_the_required_settings() -> None:
@@ -259,3 +278,226 @@ def test_compose_commands_parse_with_the_cli() -> None:
         except SystemExit:
             pytest.fail(f"{name}: `settle {' '.join(argv)}` is not a settle command")
         assert callable(args.func), name
+
+
+# --- compose.yaml rendered with a generated .env, as `docker compose config` would -----
+
+_INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
+
+
+def make_env(tmp_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    """The .env deploy/make_env.py writes (with an xpub), plus `extra` lines, parsed."""
+    module = _load("settle_make_env", ROOT / "deploy/make_env.py")
+    text = module.render((ROOT / ".env.example").read_text(encoding="utf-8"), TEST_XPUB)
+    text += "".join(f"{name}={value}\n" for name, value in extra.items())
+    return dotenv(text)
+
+
+def dotenv(text: str) -> dict[str, str]:
+    """KEY=VALUE lines (comments and blanks skipped), as compose reads .env."""
+    values = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+            name, _, value = line.partition("=")
+            values[name.strip()] = value.strip()
+    return values
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """compose's `${NAME}`, `${NAME:-default}`, `${NAME:?error}` and `$$`, recursively."""
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(4)
+        given = env.get(name, "")
+        operator, argument = match.group(2), match.group(3)
+        if operator in (":?", "?") and not given:
+            raise AssertionError(f"compose would stop: {argument}")
+        if operator in (":-", "-") and not given:
+            return str(argument)
+        return given
+
+    return _INTERPOLATION.sub(substitute, value)
+
+
+def render_compose(env: dict[str, str]) -> dict[str, Any]:
+    """compose.yaml after interpolation with `env` (anchors already merged by YAML)."""
+    return interpolate(COMPOSE, env)
+
+
+def process_env(service: dict[str, Any], dotenv_values: dict[str, str]) -> dict[str, str]:
+    """What the container's process gets: its env_file, under its `environment`."""
+    merged = dict(dotenv_values) if service.get("env_file") == ".env" else {}
+    merged.update({key: str(value) for key, value in service.get("environment", {}).items()})
+    return merged
+
+
+TEST_XPUB = (
+    "xpub661MyMwAqRbcFtXgS5sYJABqqG9YLmC4Q1Rdap9gSE8NqtwybGhePY2gZ29ESFjqJoCu1Rupje8YtGqsefD26"
+    "5TMg7usUDFdp6W1EGMcet8"
+)
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_optional_setting_in_env_reaches_every_settle_process() -> None:
+    # Given a .env with optional settings uncommented (what did nothing before env_file)
+    env = make_env(
+        SETTLE_RPC_URL_1="https://eth.example.com/rpc",
+        SETTLE_WEBHOOK_RETRY_SCHEDULE="5s,1m,5m",
+        SETTLE_HOT_WALLET_MIN_BALANCE="1:ETH=0.5",
+    )
+    services = render_compose(env)["services"]
+    for name in SETTLE_COMMANDS:
+        got = process_env(services[name], env)
+        # Then each Settle process gets them
+        assert got["SETTLE_RPC_URL_1"] == "https://eth.example.com/rpc", name
+        assert got["SETTLE_WEBHOOK_RETRY_SCHEDULE"] == "5s,1m,5m", name
+        assert got["SETTLE_HOT_WALLET_MIN_BALANCE"] == "1:ETH=0.5", name
+        # And what compose sets wins over .env (a .env from `settle dev` says dev)
+        assert got["SETTLE_ENV"] == "production", name
+        # And the database URL carries the generated password
+        assert got["SETTLE_DATABASE_URL"] == (
+            f"postgresql+psycopg://settle:{env['SETTLE_POSTGRES_PASSWORD']}@postgres:5432/settle"
+        )
+        assert got["SETTLE_SECRET_KEY"] == env["SETTLE_SECRET_KEY"]
+        assert got["SETTLE_METRICS_PORT"] == "9100" and got["SETTLE_METRICS_HOST"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("name", sorted(SETTLE_COMMANDS))
+def test_no_settle_process_gets_another_services_password(name: str) -> None:
+    env = make_env()
+    got = process_env(render_compose(env)["services"][name], env)
+    # No password reaches a process raw; each is only inside its own URLs
+    for password in PASSWORDS:
+        assert got[password] == "", f"{name} gets {password}"
+    text = "\n".join(f"{key}={value}" for key, value in got.items())
+    user = BUS_USERS[name]
+    if user != "settle-core":
+        assert env["SETTLE_AMQP_CORE_PASSWORD"] not in text, name
+    if user != "settle-notifier":
+        assert env["SETTLE_AMQP_NOTIFIER_PASSWORD"] not in text, name
+    assert env["SETTLE_GRAFANA_ADMIN_PASSWORD"] not in text, name
+
+
+def test_no_password_is_written_in_compose_yaml() -> None:
+    # Every credential is `${...}` from .env: the postgres service, the Settle URLs,
+    # Grafana's admin and the broker's users
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
+        "${SETTLE_POSTGRES_PASSWORD:?"
+    )
+    assert SERVICES["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith(
+        "${SETTLE_GRAFANA_ADMIN_PASSWORD:?"
+    )
+    for match in re.finditer(r"://([^:/@\s]+):([^@\s]+)@", COMPOSE_TEXT):
+        assert match.group(2).startswith("${"), f"a literal password in a URL: {match.group(0)}"
+    assert "settle:settle@" not in COMPOSE_TEXT
+    for line in COMPOSE_TEXT.splitlines():
+        key, _, value = line.strip().partition(":")
+        if "PASSWORD" in key and value.strip() not in ('""', ""):
+            assert value.strip().startswith("${"), line
+
+
+def test_make_env_generates_every_secret_compose_needs_and_never_overwrites(
+    tmp_path: Path,
+) -> None:
+    module = _load("settle_make_env", ROOT / "deploy/make_env.py")
+    out = tmp_path / ".env"
+    assert module.main(["--out", str(out), "--xpub", TEST_XPUB]) == 0
+    env = dotenv(out.read_text(encoding="utf-8"))
+    # Every `${NAME:?}` compose.yaml needs is filled, each secret strong and distinct
+    for name in REQUIRED_VARS:
+        assert env[name], name
+    generated = [env[name] for name in PASSWORDS | {"SETTLE_SECRET_KEY"}]
+    assert len(set(generated)) == len(generated)
+    assert all(len(value) >= 32 and re.fullmatch(r"[A-Za-z0-9_-]+", value) for value in generated)
+    assert (out.stat().st_mode & 0o777) == 0o600
+    # compose renders with it (no `:?` stops it)
+    render_compose(env)
+    # A second run refuses to overwrite it
+    before = out.read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        module.main(["--out", str(out)])
+    assert out.read_text(encoding="utf-8") == before
+
+
+def test_an_empty_env_stops_compose_naming_the_command() -> None:
+    with pytest.raises(AssertionError, match=r"python3 deploy/make_env.py"):
+        render_compose({})
+
+
+def test_the_ingress_serves_tls_from_a_mounted_certificate_and_redirects_http() -> None:
+    env = make_env(SETTLE_HTTPS_PORT="443", SETTLE_HTTP_PORT="80", SETTLE_TLS_DIR="/etc/le")
+    ingress = render_compose(env)["services"]["ingress"]
+    mounts = dict(
+        v.rsplit(":", 2)[:2] if v.count(":") > 1 else v.split(":") for v in ingress["volumes"]
+    )
+    assert mounts["/etc/le"] == "/etc/settle/tls"
+    environment = ingress["environment"]
+    assert environment["TLS_CERT"] == "/etc/settle/tls/fullchain.pem"
+    assert environment["TLS_KEY"] == "/etc/settle/tls/privkey.pem"
+    assert environment["HTTPS_REDIRECT"] == "1"
+    assert environment["PUBLIC_HTTPS_PORT"] == "443"
+    assert _published(ingress) == {80, 443}
+    assert ingress["healthcheck"]["test"][-1] == "https://127.0.0.1:8443/v1/status"
+
+
+def test_prometheus_scrapes_every_settle_process_where_it_serves_metrics() -> None:
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text("utf-8"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    ports = {
+        "core-api": "8000",
+        "notifier-api": "8001",
+        "core-worker": "9100",
+        "notifier-consumer": "9100",
+        "notifier-worker": "9100",
+    }
+    for service, port in ports.items():
+        job = jobs[f"settle-{service}"]
+        if "dns_sd_configs" in job:  # scaled out: every replica
+            (sd,) = job["dns_sd_configs"]
+            assert sd["names"] == [service] and str(sd["port"]) == port
+        else:
+            assert job["static_configs"] == [{"targets": [f"{service}:{port}"]}]
+        assert service in SERVICES
+    assert config["rule_files"] == ["alerts.yml"]
+    prometheus = SERVICES["prometheus"]
+    assert prometheus["profiles"] == ["monitoring"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+
+
+def test_grafana_is_provisioned_with_the_dashboard_and_the_data_source() -> None:
+    grafana = SERVICES["grafana"]
+    assert grafana["profiles"] == ["monitoring"]
+    mounts = {v.split(":")[0]: v.split(":")[1] for v in grafana["volumes"]}
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    assert mounts["./deploy/grafana/dashboards"] == "/var/lib/grafana/dashboards"
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/settle.yml").read_text("utf-8")
+    )
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    source = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text("utf-8")
+    )
+    (datasource,) = source["datasources"]
+    assert datasource["url"] == "http://prometheus:9090"
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/settle.json").read_text("utf-8"))
+    uids = {
+        target["datasource"]["uid"]
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    }
+    assert uids == {datasource["uid"]}
