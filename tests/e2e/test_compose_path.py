@@ -36,13 +36,16 @@ def compose_block() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Running it with compose", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    block = re.sub(r"\\\n\s*", "", block)  # a line continued with a backslash
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
 def compose_env(values: dict[str, str], database_url: str, redis_prefix: str) -> dict[str, str]:
-    """core-api's environment as compose.yaml writes it, `${VAR:?...}` filled from `values`."""
+    """core-api's environment as compose.yaml writes it: .env (its `env_file`), under the
+    `environment` block with `${VAR:?...}` filled from .env."""
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
-    env: dict[str, str] = {}
+    assert compose["services"]["core-api"]["env_file"] == ".env"
+    env: dict[str, str] = dict(values)
     for name, value in compose["x-settle-env"].items():
         value = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: values[m.group(1)], str(value))
         env[name] = value
@@ -53,6 +56,12 @@ def compose_env(values: dict[str, str], database_url: str, redis_prefix: str) ->
     env["SETTLE_REDIS_URL"] = "redis://127.0.0.1:6379/0"
     env["SETTLE_REDIS_PREFIX"] = redis_prefix
     return env
+
+
+def dotenv(text: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
 
 
 def bash(line: str, cwd: Path, env: dict[str, str]) -> str:
@@ -75,6 +84,8 @@ def test_the_readme_compose_path_ends_with_a_working_api_key(database: str, tmp_
     folder = tmp_path / "checkout"
     folder.mkdir()
     (folder / ".env.example").write_text((ROOT / ".env.example").read_text())
+    (folder / "deploy/tls").mkdir(parents=True)
+    (folder / "deploy/make_env.py").write_text((ROOT / "deploy/make_env.py").read_text())
     (folder / ".venv").symlink_to(VENV_BIN.parent)
     shell = {
         "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
@@ -87,13 +98,21 @@ def test_the_readme_compose_path_ends_with_a_working_api_key(database: str, tmp_
     with SettleProcesses({}, tmp_path) as procs:
         for line in lines:
             argv = shlex.split(line)
-            if line.startswith("python3 -c") and "token_urlsafe(32)" in line:
-                values["SETTLE_SECRET_KEY"] = bash(line, folder, shell).strip()
-            elif line.startswith("python3 -c"):
-                values["SETTLE_AMQP_CORE_PASSWORD"] = bash(line, folder, shell).strip()
-            elif "settle keys xpub" in line:
+            if "settle keys xpub" in line:
                 values["SETTLE_DEPOSIT_XPUB"] = json.loads(bash(line, folder, shell))["xpub"]
                 assert (folder / "deposit-xprv.json").exists()
+            elif line.startswith("python3 deploy/make_env.py"):
+                # The xpub the line before printed, where the README writes `xpub...`
+                assert " --xpub xpub..." in line
+                bash(line.replace("xpub...", values["SETTLE_DEPOSIT_XPUB"]), folder, shell)
+                values.update(dotenv((folder / ".env").read_text(encoding="utf-8")))
+                assert values["SETTLE_SECRET_KEY"] and values["SETTLE_POSTGRES_PASSWORD"]
+            elif line.startswith("openssl req"):
+                bash(line, folder, shell)
+                assert (folder / "deploy/tls/fullchain.pem").exists()
+            elif argv[:4] == ["docker", "compose", "--profile", "monitoring"]:
+                compose = yaml.safe_load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
+                assert {"prometheus", "grafana"} <= set(compose["services"])
             elif argv[:3] == ["docker", "compose", "up"]:
                 env = compose_env(values, database, f"settle-test:{uuid.uuid4().hex}:")
                 procs.env.update({**os.environ, **env})
@@ -111,13 +130,14 @@ def test_the_readme_compose_path_ends_with_a_working_api_key(database: str, tmp_
                 assert set(tenant) == {"tenantId", "apiKey", "apiKeyId"}
                 shell["KEY"] = tenant["apiKey"]
             elif line.startswith("curl "):
-                assert "http://127.0.0.1:8080/" in line
-                answer = bash(line.replace(":8080/", f":{api_port}/"), folder, shell)
+                # Through the ingress over HTTPS in compose; straight to core's API here
+                # (tests/e2e/test_ingress_tls.py runs the ingress with TLS)
+                assert "https://127.0.0.1:8443/" in line
+                line = line.replace("https://127.0.0.1:8443/", f"http://127.0.0.1:{api_port}/")
+                answer = bash(line, folder, shell)
                 # Then the key printed by the path works, on production settings
                 assert json.loads(answer) == {"depositAccounts": [], "nextCursor": None}
                 values["done"] = "yes"
-            elif line.startswith("cp .env.example .env"):
-                bash(line, folder, shell)
             else:
                 raise AssertionError(f"a README line this test does not know: {line!r}")
     assert values.get("done") == "yes", lines
