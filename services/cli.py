@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "check that every event reached the notifier, once, intact (exit 1 if not)",
     ),
     "incidents": ("services.core.deposits.cli", "chain incidents the watchers raised (ops)"),
+    "doctor": ("services.doctor", "check this deployment's wiring (exit 1 names a failure)"),
 }
 
 

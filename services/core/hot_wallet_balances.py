@@ -71,7 +71,7 @@ class HotWalletBalances(Collector):
         """Read every chain's balances now; a chain that fails keeps none."""
         for chain in self._chains:
             try:
-                read = self._read(chain)
+                read = self.read(chain)
             except Exception as err:
                 log.warning("hot wallet balances on chain %s: %s", chain.chain_id, err)
                 self.errors.labels(str(chain.chain_id)).inc()
@@ -81,7 +81,8 @@ class HotWalletBalances(Collector):
                     del self._balances[key]
                 self._balances.update(read)
 
-    def _read(self, chain: Chain) -> dict[tuple[int, str], Decimal]:
+    def read(self, chain: Chain) -> dict[tuple[int, str], Decimal]:
+        """The wallet's balances on `chain` now: (chain id, asset) -> token units."""
         w3 = self._nodes[chain.chain_id]
         read = {
             (chain.chain_id, chain.native_symbol): Decimal(w3.eth.get_balance(self._wallet))
