@@ -40,7 +40,8 @@ from tests.support import keys
 from tests.support.pipeline import delete_bus, unique_prefix
 from tests.support.processes import SettleProcesses, wait_answering
 
-DATABASE = "settle_bench_idle"
+#: A name of this run's own (another run on the same server must not drop it).
+DATABASE = f"settle_bench_idle_{os.getpid()}"
 SECRET_KEY = "bench-idle-secret-key-with-enough-length"
 #: The goal: percent of one core per process at rest.
 GOAL_PERCENT = 1.0
@@ -139,12 +140,14 @@ def main() -> int:
                     "notifier worker", "notifier", "worker", ready="worker ready", wait=False
                 ),
             ]
+            # settle dev on its own: its embedded PostgreSQL and in-process broker (empty
+            # values count as unset, over the production processes' settings)
             dev_env = {
-                key: value
-                for key, value in env.items()
-                if key not in ("SETTLE_DATABASE_URL", "SETTLE_AMQP_URL", "SETTLE_AMQP_PREFIX")
+                "SETTLE_DATABASE_URL": "",
+                "SETTLE_AMQP_URL": "",
+                "SETTLE_AMQP_PREFIX": "",
+                "SETTLE_DATA_DIR": str(work / "dev"),
             }
-            dev_env["SETTLE_DATA_DIR"] = str(work / "dev")
             dev = procs.start("settle dev", "dev", "--port", str(dev_port), env=dev_env, wait=False)
             for process in workers:
                 process.wait_ready()

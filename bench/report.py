@@ -33,6 +33,7 @@ BENCHES = [
     ("Statements of a large tenant", "bench/statements.py", [], ["--quick"]),
     ("Hostile request bodies", "bench/hostile_bodies.py", [], ["--rounds", "5"]),
     ("settle dev start", "bench/dev_start.py", [], ["--warm-runs", "1"]),
+    ("Idle CPU of every process", "bench/idle.py", [], ["--seconds", "20", "--warmup", "5"]),
 ]
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests
 import sqlalchemy as sa
 
-from bench.harness import ROOT, free_port, fresh_database, machine
+from bench.harness import ROOT, drop_database, free_port, fresh_database, machine
 from services.core import outbox
 from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.models import Delivery
@@ -268,7 +268,10 @@ def main() -> int:
     n_events = args.events or (600 if args.quick else 5000)
     duration = args.duration or (5.0 if args.quick else 20.0)
 
-    url = fresh_database("settle_bench_webhooks")
+    # A name of this run's own: two engineers' runs on one server must not drop each
+    # other's database mid-run.
+    database = f"settle_bench_webhooks_{os.getpid()}"
+    url = fresh_database(database)
     db = Database(url, pool_size=6)
     names = BusNames(unique_prefix().replace("test-", "bench-"))
     rx = ReceiverProcess()
@@ -335,10 +338,10 @@ def main() -> int:
             print(f"Webhook delivery on {machine()}")
             pids = {p.name: p.proc.pid for p in started if p.proc is not None}
             pids["receiver"] = rx.proc.pid
-            cpu_before = cpu_seconds("settle_bench_webhooks", pids)
+            cpu_before = cpu_seconds(database, pids)
             counted_before = worker_counters(worker_metrics_port)
             rate, batch_ids = throughput(db, rx, tenant_id, n_events)
-            cpu_after = cpu_seconds("settle_bench_webhooks", pids)
+            cpu_after = cpu_seconds(database, pids)
             counted = {
                 name: round((value - counted_before.get(name, 0.0)) / n_events, 3)
                 for name, value in worker_counters(worker_metrics_port).items()
@@ -400,6 +403,7 @@ def main() -> int:
         rx.stop()
         delete_bus(names)
         db.dispose()
+        drop_database(database)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0 if figures.get("lost") == 0 else 1
