@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
-from services.core import outbox
+from services.core import deposit_keys, outbox
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
 from services.core.models import (
@@ -48,9 +48,15 @@ METADATA_STRING_MAX = 500
 
 
 class Deriver(Protocol):
-    """Derives the deposit address of an account index on a chain."""
+    """Derives the deposit addresses of an account index (services/core/addresses.py)."""
+
+    #: The key derived from, and its scheme: recorded with every address written.
+    xpub: str
+    scheme: str
 
     def derive(self, chain_id: int, index: int) -> str: ...
+
+    def addresses(self, index: int, chain_ids: Iterable[int]) -> list[tuple[int, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -203,11 +209,12 @@ def create_account(
     """
     if new.destination is not None:
         validate_destination(registry, new.destination)
-    creation = _creation(db, registry.active_positions)
+    key = deposit_keys.recorded(db, deriver.xpub, deriver.scheme)
+    creation = _creation(db, registry.active_positions, key.id)
     try:
         with db.driver_autocommit() as conn:
             index = creation.indices.take(conn)
-            derived = [(c.chain_id, deriver.derive(c.chain_id, index)) for c in registry.active()]
+            derived = deriver.addresses(index, (c.chain_id for c in registry.active()))
             draft = _AccountDraft.new(tenant_id, new, api_key_id, now, derived, index)
             if new.destination is not None:
                 document = draft.write(conn, creation.write, new.destination, registry)
@@ -454,18 +461,21 @@ class _Creation:
     policies: _PolicyCopies
 
 
-def _creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Creation:
-    """Creation's statements and state for `db`, once per database and set of (chain id,
-    position) of the active chains."""
-    return db.attachment(f"core.accounts.create.{chains}", lambda d: _compile_creation(d, chains))
+def _creation(db: Database, chains: tuple[tuple[int, int], ...], key_id: int) -> _Creation:
+    """Creation's statements and state for `db`, once per database, set of (chain id,
+    position) of the active chains and deposit key."""
+    return db.attachment(
+        f"core.accounts.create.{chains}.{key_id}",
+        lambda d: _compile_creation(d, chains, key_id),
+    )
 
 
-def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Creation:
+def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...], key_id: int) -> _Creation:
     """The statements, with what is fixed for this process written into their text.
 
     Each parameter costs the client a dump per request, so what never changes is SQL
-    text: the account sequence's name, the status, and each address row's chain id and
-    position (fixed by the chains file for the process's life).
+    text: the account sequence's name, the status, and each address row's chain id,
+    position (fixed by the chains file for the process's life) and deposit key.
     """
     draw = sa.select(sa.func.nextval(sa.literal_column(_sql_text(ACCOUNT_SEQUENCE)))).select_from(
         sa.func.generate_series(sa.literal_column("1"), sa.literal_column(str(INDEX_BLOCK)))
@@ -486,8 +496,8 @@ def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...]) -> _Cre
     )
     creation = _Creation(
         read_policy=db.driver_statement(read_policy),
-        write=db.driver_statement(_write_statement(chains, None)),
-        write_if_policy_is=db.driver_statement(_write_statement(chains, policy_holds)),
+        write=db.driver_statement(_write_statement(chains, key_id, None)),
+        write_if_policy_is=db.driver_statement(_write_statement(chains, key_id, policy_holds)),
         indices=_IndexBlock(db.driver_statement(draw).sql),
         policies=_PolicyCopies(),
     )
@@ -504,7 +514,7 @@ def _sql_text(value: str) -> str:
 
 
 def _write_statement(
-    chains: tuple[tuple[int, int], ...], condition: sa.ColumnElement[bool] | None
+    chains: tuple[tuple[int, int], ...], key_id: int, condition: sa.ColumnElement[bool] | None
 ) -> sa.Executable:
     """INSERT the account (only when `condition` holds), then its addresses and the outbox
     row from what it inserted; returns the event id, or no row when nothing was written."""
@@ -531,11 +541,12 @@ def _write_statement(
                 sa.literal_column(str(int(chain_id))),
                 sa.bindparam(f"address_{n}", type_=_ADDRESSES.c.address.type),
                 sa.literal_column(str(int(position))),
+                sa.literal_column(str(int(key_id))),
             )
             for n, (chain_id, position) in enumerate(chains)
         ]
         addresses = _ADDRESSES.insert().from_select(
-            ["account_pk", "chain_id", "address", "position"],
+            ["account_pk", "chain_id", "address", "position", "key_id"],
             rows[0] if len(rows) == 1 else sa.union_all(*rows),
             include_defaults=False,
         )

@@ -1,37 +1,51 @@
-"""Deposit addresses derived from a BIP32 extended public key (secp256k1).
+"""Deposit addresses derived from a BIP32 extended public key (secp256k1), by bip-utils.
 
-Settle holds only the xpub: every deposit address is the non-hardened child
-`xpub/<chain_id>/<index>`, so the matching private keys exist only where the xprv is
-kept (the sweeper's signer, or `deposit_xprv.json` in dev). Non-hardened steps are
-what make public-only derivation possible; chain ids and indices are both < 2**31.
+Settle holds only the xpub; the private keys exist only where the operator keeps the
+key file (docs/KEYS.md). Two derivation schemes, told apart by the xpub itself:
+
+- `bip44` (keys from `settle keys new`): the xpub is the node at m/44'/60'/0'/0 of a
+  BIP39 mnemonic, and account index i's deposit address is its child `i`, the same
+  address on every chain: m/44'/60'/0'/0/i, what any standard wallet derives from the
+  words alone.
+- `chain/index` (keys from `settle keys xpub`, the dev key file, deployments before
+  core_0009): the xpub is a BIP32 root and the address of index i on chain c is its
+  child `c/i`, a different address per chain.
+
+Every step is bip-utils' (CKDpub, then its Ethereum address encoder): on the path that
+decides where customers' money lands, nothing is written by hand (docs/DECISIONS.md,
+"Deposit addresses"). Non-hardened steps are what make public-only derivation
+possible; chain ids and indices are both < 2**31.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import os
 import secrets
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
-import coincurve
 from bip_utils import Bip32Secp256k1, EthAddrEncoder
-
-from services.core.checksums import eip55, keccak
 
 #: File (in the data dir) holding the dev key pair; never used in production.
 DEV_KEY_FILE = "deposit_xprv.json"
 
 #: First hardened BIP32 index: everything we derive must stay below it.
 HARDENED = 2**31
-#: secp256k1's group order: a BIP32 tweak at or above it makes an invalid child.
-_CURVE_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+#: The xpub is m/44'/60'/0'/0 of a mnemonic; index i is its child i on every chain.
+BIP44 = "bip44"
+#: The xpub is a BIP32 root; index i on chain c is its child c/i.
+CHAIN_INDEX = "chain/index"
+SCHEMES = (BIP44, CHAIN_INDEX)
+#: Where a `bip44` key sits under the mnemonic's seed (BIP44: purpose, coin type 60,
+#: account 0, external chain).
+BIP44_KEY_PATH = "m/44'/60'/0'/0"
 
 
-def _check_index(name: str, value: int) -> None:
+def check_index(name: str, value: int) -> None:
     # bool is an int subclass; True as an index is always a bug upstream.
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be an int, got {type(value).__name__}")
@@ -39,7 +53,7 @@ def _check_index(name: str, value: int) -> None:
         raise ValueError(f"{name} must be in [0, 2**31), got {value}")
 
 
-def _parse_extended_key(key: str) -> Bip32Secp256k1:
+def parse_extended_key(key: str) -> Bip32Secp256k1:
     if not isinstance(key, str) or not key:
         raise ValueError("extended key must be a non-empty string")
     try:
@@ -50,85 +64,108 @@ def _parse_extended_key(key: str) -> Bip32Secp256k1:
         raise ValueError(f"invalid BIP32 extended key: {exc}") from exc
 
 
-@dataclass(frozen=True)
-class _ChainNode:
-    """`xpub/<chain_id>`: the parent of that chain's deposit addresses."""
+def scheme_of(node: Bip32Secp256k1) -> str:
+    """The derivation scheme of an extended key, from its depth.
 
-    node: Bip32Secp256k1
-    public_key: coincurve.PublicKey
-    #: ser_P(K): the compressed public key, as BIP32 hashes it.
-    compressed: bytes
-    chain_code: bytes
+    A root (depth 0) is `chain/index`, as every key Settle made before `settle keys new`;
+    depth 4 at child 0 is `bip44` (an xpub cannot show the hardened steps above it, so
+    `settle keys new` and the signer check them against the mnemonic). Anything else is
+    refused rather than guessed: a wrong guess would move every future address.
+    """
+    depth, index = node.Depth().ToInt(), node.Index().ToInt()
+    if depth == 0:
+        return CHAIN_INDEX
+    if depth == 4 and index == 0:
+        return BIP44
+    raise ValueError(
+        f"a deposit key is a BIP32 root (settle keys xpub) or the key at {BIP44_KEY_PATH} "
+        f"(settle keys new); this one is at depth {depth}, child {index}"
+    )
 
-    @classmethod
-    def of(cls, node: Bip32Secp256k1) -> _ChainNode:
-        compressed = bytes(node.PublicKey().RawCompressed().ToBytes())
-        return cls(
-            node=node,
-            public_key=coincurve.PublicKey(compressed),
-            compressed=compressed,
-            chain_code=bytes(node.ChainCode().ToBytes()),
-        )
+
+def relative_path(scheme: str, chain_id: int, index: int) -> str:
+    """The path of a deposit address under its key (`c/i` or `i`)."""
+    check_index("chain_id", chain_id)
+    check_index("index", index)
+    if scheme == BIP44:
+        return str(index)
+    if scheme == CHAIN_INDEX:
+        return f"{chain_id}/{index}"
+    raise ValueError(f"unknown derivation scheme {scheme!r}")
+
+
+def full_path(scheme: str, chain_id: int, index: int) -> str:
+    """The path from the seed (`bip44`) or the root key (`chain/index`), e.g.
+    `m/44'/60'/0'/0/7` or `m/137/7`: what a person types into a wallet or a script."""
+    top = BIP44_KEY_PATH if scheme == BIP44 else "m"
+    return f"{top}/{relative_path(scheme, chain_id, index)}"
+
+
+def address_of(node: Bip32Secp256k1) -> str:
+    """The EIP-55 address of a BIP32 node's public key (bip-utils' encoder)."""
+    address: str = EthAddrEncoder.EncodeKey(node.PublicKey().KeyObject())
+    return address
 
 
 class AddressDeriver:
-    """Derives EIP-55 deposit addresses at `xpub/<chain_id>/<index>`.
+    """Derives EIP-55 deposit addresses from an xpub, by the xpub's scheme.
 
-    The last step (one per account and chain, on every account creation) is BIP32's
-    CKDpub written out on the same primitives bip-utils uses (HMAC-SHA512 and
-    libsecp256k1 through coincurve): a third of bip-utils' cost, which wraps each
-    intermediate in objects and checksums through Python per character. The rare
-    invalid child (probability below 2**-127) goes to bip-utils, which decides it
-    as before; tests hold the two paths to the same addresses.
+    Derived nodes above the last step are kept (one per chain for `chain/index`), so an
+    address costs bip-utils' one CKDpub and its address encoding.
     """
 
     def __init__(self, xpub: str) -> None:
-        node = _parse_extended_key(xpub)
+        node = parse_extended_key(xpub)
         if not node.IsPublicOnly():
             # Accepting an xprv here would quietly put a deposit private key in Settle.
             raise ValueError("expected an extended public key (xpub), got a private key")
+        self.scheme = scheme_of(node)
+        #: The xpub as bip-utils serializes it (how the key is recorded).
+        self.xpub: str = node.PublicKey().ToExtended()
         self._root = node
-        self._chain_nodes: dict[int, _ChainNode] = {}
+        self._chain_nodes: dict[int, Bip32Secp256k1] = {}
         self._lock = threading.Lock()
 
-    def _chain_node(self, chain_id: int) -> _ChainNode:
+    def __repr__(self) -> str:
+        return f"AddressDeriver({self.scheme}, {self.xpub[:16]}...)"
+
+    def _parent(self, chain_id: int) -> Bip32Secp256k1:
+        """The node whose child `index` is the address on `chain_id`."""
+        if self.scheme == BIP44:
+            return self._root
         node = self._chain_nodes.get(chain_id)
         if node is None:
             with self._lock:
                 node = self._chain_nodes.get(chain_id)
                 if node is None:
-                    node = _ChainNode.of(self._root.ChildKey(chain_id))
+                    node = self._root.ChildKey(chain_id)
                     self._chain_nodes[chain_id] = node
         return node
 
     def derive(self, chain_id: int, index: int) -> str:
         """The checksummed deposit address of `index` on `chain_id`."""
-        _check_index("chain_id", chain_id)
-        _check_index("index", index)
-        parent = self._chain_node(chain_id)
-        # CKDpub: I = HMAC-SHA512(c_par, ser_P(K_par) || ser_32(i)); K_i = I_L*G + K_par.
-        tweak = hmac.digest(
-            parent.chain_code, parent.compressed + index.to_bytes(4, "big"), "sha512"
-        )[:32]
-        if int.from_bytes(tweak, "big") >= _CURVE_ORDER:
-            return _derive_with_bip_utils(parent.node, index)
-        try:
-            child = parent.public_key.add(tweak)
-        except ValueError:  # the point at infinity
-            return _derive_with_bip_utils(parent.node, index)
-        # The address: the last 20 bytes of keccak256 of the uncompressed key's X||Y.
-        return eip55("0x" + keccak(child.format(compressed=False)[1:])[-20:].hex())
+        check_index("chain_id", chain_id)
+        check_index("index", index)
+        return address_of(self._parent(chain_id).ChildKey(index))
 
+    def addresses(self, index: int, chain_ids: Iterable[int]) -> list[tuple[int, str]]:
+        """(chain id, address) of `index` on each chain; a `bip44` key derives once, its
+        one address serving every chain."""
+        chain_ids = list(chain_ids)
+        if self.scheme == BIP44 and chain_ids:
+            address = self.derive(chain_ids[0], index)
+            for chain_id in chain_ids[1:]:
+                check_index("chain_id", chain_id)
+            return [(chain_id, address) for chain_id in chain_ids]
+        return [(chain_id, self.derive(chain_id, index)) for chain_id in chain_ids]
 
-def _derive_with_bip_utils(parent: Bip32Secp256k1, index: int) -> str:
-    """bip-utils' CKDpub and address: it refuses an invalid child as it always has."""
-    child = parent.ChildKey(index)
-    address: str = EthAddrEncoder.EncodeKey(child.PublicKey().KeyObject())
-    return address
+    def path(self, chain_id: int, index: int) -> str:
+        """The deposit address's full path (`full_path`) under this key's scheme."""
+        return full_path(self.scheme, chain_id, index)
 
 
 def generate_dev_xprv() -> tuple[str, str]:
-    """A fresh random (xprv, xpub) pair for dev use."""
+    """A fresh random (xprv, xpub) root pair (`chain/index`) for dev use."""
     node = Bip32Secp256k1.FromSeed(secrets.token_bytes(32))
     return node.PrivateKey().ToExtended(), node.PublicKey().ToExtended()
 
@@ -137,7 +174,7 @@ def _read_dev_key_file(path: Path) -> str:
     data = json.loads(path.read_text(encoding="utf-8"))
     xprv, xpub = data["xprv"], data["xpub"]
     # A hand-edited file whose halves disagree would hand out addresses nobody can sweep.
-    if _parse_extended_key(xprv).PublicKey().ToExtended() != xpub:
+    if parse_extended_key(xprv).PublicKey().ToExtended() != xpub:
         raise ValueError(f"{path}: xpub does not match xprv")
     return str(xpub)
 
@@ -150,7 +187,12 @@ def load_or_create_dev_xpub(data_dir: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     xprv, xpub = generate_dev_xprv()
     body = json.dumps(
-        {"xprv": xprv, "xpub": xpub, "note": "dev only: deposit key pair, never for production"},
+        {
+            "xprv": xprv,
+            "xpub": xpub,
+            "scheme": CHAIN_INDEX,
+            "note": "dev only: deposit key pair, never for production",
+        },
         indent=2,
     )
     tmp = path.with_name(f".{DEV_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
@@ -174,10 +216,11 @@ def load_or_create_dev_xpub(data_dir: Path) -> str:
 
 
 def private_key_for(xprv: str, chain_id: int, index: int) -> bytes:
-    """The 32-byte private key of the deposit address at `xprv/<chain_id>/<index>`."""
-    _check_index("chain_id", chain_id)
-    _check_index("index", index)
-    node = _parse_extended_key(xprv)
+    """The 32-byte private key of the deposit address at `xprv/<chain_id>/<index>`
+    (`chain/index`; key files of either scheme: `services.core.keyfiles`)."""
+    check_index("chain_id", chain_id)
+    check_index("index", index)
+    node = parse_extended_key(xprv)
     if node.IsPublicOnly():
         raise ValueError("expected an extended private key (xprv), got a public key")
     key: bytes = node.ChildKey(chain_id).ChildKey(index).PrivateKey().Raw().ToBytes()

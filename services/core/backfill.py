@@ -3,9 +3,11 @@
 An account gets one address per *active* chain when it is created. When ops turn a
 chain from `declared` to `active`, accounts created before have none on it; this pass
 finds them (an anti-join on `deposit_addresses` by (account_pk, chain_id)) and inserts
-the address creation would have derived: `xpub/<chain_id>/<index>` (the account's
-`address_index`, or its pk where that is NULL), at the chain's position in the chains
-file.
+the address creation would have derived at the account's `address_index` (or its pk
+where that is NULL) with the deposit key configured now (its scheme decides the path:
+services/core/addresses.py), at the chain's position in the chains file. Each row
+records that key (`key_id`): after a rotation, an old account's new address is the new
+key's.
 
 It is safe to run at any time, any number of times, from several processes at once,
 while accounts are being created: each insert is `ON CONFLICT (account_pk, chain_id)
@@ -24,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
+from services.core import deposit_keys
 from services.core.accounts import Deriver
 from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
@@ -126,10 +129,12 @@ def backfill_batch(
     registry: ChainRegistry,
     deriver: Deriver,
     *,
+    key_id: int,
     after_pk: int,
     batch: int = DEFAULT_BATCH,
 ) -> tuple[int, int, int, int]:
-    """One batch in the caller's transaction: the next `batch` accounts after `after_pk`.
+    """One batch in the caller's transaction: the next `batch` accounts after `after_pk`,
+    their new addresses derived by `deriver`, whose recorded key is `key_id`.
 
     Returns (accounts scanned, addresses added, accounts changed, highest pk scanned;
     `after_pk` when there were no accounts).
@@ -156,6 +161,7 @@ def backfill_batch(
             # The same derivation as creation's, at the account's own index.
             "address": deriver.derive(chain_id, index),
             "position": registry.position(chain_id),
+            "key_id": key_id,
         }
         for pk, index, chain_id in missing
     ]
@@ -180,6 +186,7 @@ def backfill_addresses(
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
+    key = deposit_keys.recorded(db, deriver.xpub, deriver.scheme)
     scanned = added = changed = 0
     cursor = after_pk
     while True:
@@ -187,7 +194,7 @@ def backfill_addresses(
             return BackfillResult(scanned, added, changed, cursor, complete=False)
         with db.transaction() as session:
             n, batch_added, batch_changed, high = backfill_batch(
-                session, registry, deriver, after_pk=cursor, batch=batch
+                session, registry, deriver, key_id=key.id, after_pk=cursor, batch=batch
             )
         scanned += n
         added += batch_added

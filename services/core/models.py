@@ -92,15 +92,41 @@ class DepositAccount(CoreBase):
         return self.pk if self.address_index is None else self.address_index
 
 
+class DepositKey(CoreBase):
+    """An extended public key deposit addresses were derived from, and its scheme
+    (services/core/addresses.py). Recorded the first time a process derives with it,
+    so every address names the key (and so the path) that moves its funds, across
+    rotations (docs/KEYS.md)."""
+
+    __tablename__ = "deposit_keys"
+
+    id: Mapped[int] = mapped_column(sa.SmallInteger, sa.Identity(), primary_key=True)
+    xpub: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    #: `bip44` or `chain/index`.
+    scheme: Mapped[str] = mapped_column(sa.String(20))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class DepositAddress(CoreBase):
     __tablename__ = "deposit_addresses"
+    __table_args__ = (
+        # A `bip44` key gives an account one address on every chain, so the address is
+        # unique per chain. Leading with the address, the index also finds an address's
+        # account (GET /v1/deposit-accounts?depositAddress=) without a second index.
+        sa.UniqueConstraint("address", "chain_id", name="uq_deposit_address_chain"),
+    )
 
     account_pk: Mapped[int] = mapped_column(sa.ForeignKey("deposit_accounts.pk"), primary_key=True)
     chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
-    #: Checksummed; unique across all tenants.
-    address: Mapped[str] = mapped_column(sa.String(42), unique=True)
+    #: Checksummed; never another account's (indices never repeat).
+    address: Mapped[str] = mapped_column(sa.String(42))
     #: Order of the chain in the chains file, so lists read the same every time.
     position: Mapped[int] = mapped_column(sa.Integer, default=0)
+    #: The key it was derived from; NULL: before core_0009, by the deployment's first key
+    #: (scheme `chain/index`, the only one then).
+    key_id: Mapped[int | None] = mapped_column(
+        sa.SmallInteger, sa.ForeignKey("deposit_keys.id"), nullable=True
+    )
 
     account: Mapped[DepositAccount] = relationship(back_populates="addresses")
 

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import uuid
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -17,7 +18,7 @@ from eth_account import Account
 from flask import Flask
 from flask.testing import FlaskClient
 
-from services.core import accounts
+from services.core import accounts, deposit_keys
 from services.core.addresses import private_key_for
 from services.core.context import CoreContext
 from services.core.destinations import Destination
@@ -547,8 +548,14 @@ def test_a_failed_creation_writes_nothing_and_only_the_user_key_is_a_conflict(
     taken = first["depositAddresses"][0]["address"]
 
     class CollidingDeriver:
+        xpub = core_context.deriver.xpub
+        scheme = core_context.deriver.scheme
+
         def derive(self, chain_id: int, index: int) -> str:
             return taken
+
+        def addresses(self, index: int, chain_ids: Iterable[int]) -> list[tuple[int, str]]:
+            return [(chain_id, taken) for chain_id in chain_ids]
 
     # When the second creation fails at its address insert (after its account row),
     # on another unique key than the user's: an error, not account_exists
@@ -704,11 +711,17 @@ def test_a_policy_deleted_by_another_process_is_422_and_writes_nothing(
     assert create_account(client, tenant)["destination"] == destination(1, WALLET_3, USDT_ETH)
 
 
+def _key_id(db: Database, ctx: CoreContext) -> int:
+    return deposit_keys.recorded(db, ctx.deriver.xpub, ctx.deriver.scheme).id
+
+
 def test_indices_come_from_blocks_while_accounts_list_in_creation_order(
     client: FlaskClient, policy_tenant: TenantKeys, pg_db: Database, core_context: CoreContext
 ) -> None:
     # Given accounts created while another process's block (drawn earlier) is unused
-    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    creation = accounts._creation(
+        pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
+    )
     with pg_db.driver_autocommit() as conn:
         other_process = accounts._IndexBlock(creation.indices._sql)
         held = other_process.take(conn)
@@ -737,7 +750,9 @@ def test_indices_come_from_blocks_while_accounts_list_in_creation_order(
 
 def test_a_forked_process_draws_its_own_block(pg_db: Database, core_context: CoreContext) -> None:
     # Given a process holding a block of indices
-    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    creation = accounts._creation(
+        pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
+    )
     block = accounts._IndexBlock(creation.indices._sql)
     with pg_db.driver_autocommit() as conn:
         parent_first = block.take(conn)
@@ -764,7 +779,9 @@ def test_a_process_forked_while_a_thread_draws_a_block_draws_its_own(
     pg_db: Database, core_context: CoreContext
 ) -> None:
     # Given a block whose refill lock a thread holds at the moment of a fork
-    creation = accounts._creation(pg_db, core_context.registry.active_positions)
+    creation = accounts._creation(
+        pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
+    )
     block = accounts._IndexBlock(creation.indices._sql)
     block._lock.acquire()
     read, write = os.pipe()

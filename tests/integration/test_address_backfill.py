@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
+from services.core import deposit_keys
 from services.core.app import create_app
 from services.core.backfill import backfill_addresses, backfill_batch
 from services.core.chains import ChainRegistry
@@ -174,6 +175,7 @@ def test_a_concurrent_runner_waits_and_adds_nothing_twice(
     # Given accounts lacking chain X
     venue, x, old, new = _own_registries(tmp_path)
     deriver = core_context.deriver
+    key = deposit_keys.recorded(pg_db, deriver.xpub, deriver.scheme)
     floor = _max_pk(pg_db)
     tenant_id = "ten_backfill_race"
     for _ in range(5):
@@ -189,7 +191,7 @@ def test_a_concurrent_runner_waits_and_adds_nothing_twice(
             outcome["error"] = exc
 
     with pg_db.transaction() as session:
-        scanned, added, _, _ = backfill_batch(session, new, deriver, after_pk=floor)
+        scanned, added, _, _ = backfill_batch(session, new, deriver, key_id=key.id, after_pk=floor)
         assert (scanned, added) == (5, 5)
         runner = threading.Thread(target=second)
         runner.start()

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
-import random
 import stat
 from pathlib import Path
 
 import pytest
-from bip_utils import Bip32Secp256k1, EthAddrEncoder
+from bip_utils import Bip32Secp256k1
 from eth_account import Account
 from eth_utils import is_checksum_address
+from mnemonic import Mnemonic
 
-from services.core import addresses
 from services.core.addresses import (
+    BIP44,
+    BIP44_KEY_PATH,
+    CHAIN_INDEX,
     DEV_KEY_FILE,
     AddressDeriver,
     generate_dev_xprv,
@@ -21,6 +23,11 @@ from services.core.addresses import (
     private_key_for,
 )
 from tests.support import keys
+
+#: anvil's (and hardhat's) development mnemonic and its first two accounts.
+DEV_MNEMONIC = "test test test test test test test test test test test junk"
+DEV_ADDRESS_0 = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
+DEV_ADDRESS_1 = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 
 CHAIN_IDS = (1, 137, 8453, 42161, 2**31 - 1)
 INDICES = (0, 1, 2, 1000, 2**31 - 1)
@@ -121,27 +128,32 @@ def test_dev_key_file_with_mismatched_halves_is_rejected(tmp_path: Path) -> None
         load_or_create_dev_xpub(tmp_path)
 
 
-def test_the_written_out_ckdpub_gives_bip_utils_addresses() -> None:
-    """derive() does BIP32's last step itself (speed); bip-utils' own derivation of the
-    same child gives the same address, for many random chains and indices."""
-    rng = random.Random(32)
-    deriver = AddressDeriver(keys.test_xpub())
-    root = Bip32Secp256k1.FromExtendedKey(keys.test_xpub())
-    for _ in range(300):
-        chain_id, index = rng.randrange(1, 2**31), rng.randrange(0, 2**31)
-        child = root.ChildKey(chain_id).ChildKey(index)
-        expected = EthAddrEncoder.EncodeKey(child.PublicKey().KeyObject())
-        assert deriver.derive(chain_id, index) == expected
+def test_a_bip44_key_gives_index_i_the_standard_wallet_address_on_every_chain() -> None:
+    """An xpub at m/44'/60'/0'/0 derives account index i at m/44'/60'/0'/0/i, on every
+    chain: the addresses anvil's well-known development mnemonic opens with."""
+    node = Bip32Secp256k1.FromSeed(Mnemonic.to_seed(DEV_MNEMONIC)).DerivePath(BIP44_KEY_PATH)
+    deriver = AddressDeriver(node.PublicKey().ToExtended())
+    assert deriver.scheme == BIP44
+    assert {deriver.derive(c, 0) for c in CHAIN_IDS} == {DEV_ADDRESS_0}
+    assert deriver.derive(1, 1) == DEV_ADDRESS_1
+    assert deriver.addresses(1, [1, 137, 8453]) == [(c, DEV_ADDRESS_1) for c in (1, 137, 8453)]
+    assert deriver.path(137, 1) == "m/44'/60'/0'/0/1"
 
 
-def test_a_child_the_written_out_step_cannot_make_goes_to_bip_utils(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A tweak at or above the curve's order (or a child at infinity) is left to
-    bip-utils: forced here for every child, the addresses stay the same."""
+def test_a_root_key_keeps_its_chain_index_addresses() -> None:
     deriver = AddressDeriver(keys.test_xpub())
-    expected = [deriver.derive(c, i) for c in CHAIN_IDS for i in INDICES]
-    monkeypatch.setattr(addresses, "_CURVE_ORDER", 0)
-    assert [AddressDeriver(keys.test_xpub()).derive(c, i) for c in CHAIN_IDS for i in INDICES] == (
-        expected
-    )
+    assert deriver.scheme == CHAIN_INDEX
+    assert deriver.addresses(42, [1, 8453]) == [
+        (1, deriver.derive(1, 42)),
+        (8453, "0xFe65488766957B9C8b27112b8A139f0c12F32a7d"),
+    ]
+    assert deriver.path(8453, 42) == "m/8453/42"
+
+
+@pytest.mark.parametrize("path", ["m/44'/60'/0'", "m/0", "m/44'/60'/0'/1"])
+def test_a_key_of_no_known_scheme_is_refused(path: str) -> None:
+    """Guessing a scheme would move every future address: an xpub that is neither a
+    root nor the key at m/44'/60'/0'/0 is refused."""
+    node = Bip32Secp256k1.FromSeed(bytes(32)).DerivePath(path)
+    with pytest.raises(ValueError, match="depth"):
+        AddressDeriver(node.PublicKey().ToExtended())
