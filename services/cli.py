@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "incidents": ("services.core.deposits.cli", "chain incidents the watchers raised (ops)"),
     "doctor": ("services.doctor", "check this deployment's wiring (exit 1 names a failure)"),
+    "sweep": (
+        "services.core.sweeps.cli",
+        "deposits to the treasury (plan, sign offline, send, status)",
+    ),
 }
 
 
@@ -149,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
-    problem = missing_data_dir(args.command, os.environ)
+    # A sub-command that reads no database says so (`settle sweep sign`, offline).
+    needs_data = getattr(args, "needs_data_dir", True)
+    problem = missing_data_dir(args.command, os.environ) if needs_data else None
     if problem is not None:
         sys.stderr.write(f"settle {args.command}: {problem}\n")
         return 2

@@ -10,7 +10,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.orm import Session
 
-import services.core.deposits.models  # noqa: F401  (registers the deposit tables)
+import services.core.deposits.models  # registers the deposit tables
+import services.core.sweeps.models  # noqa: F401  (and the sweep tables)
 from services.core.models import CoreBase, DepositAccount
 from services.notifier.models import NotifierBase
 from shared import components, migrate

@@ -1,4 +1,5 @@
-import services.core.deposits.models  # noqa: F401
+import services.core.deposits.models
+import services.core.sweeps.models  # noqa: F401
 from services.core.models import CoreBase
 from shared.migrate import run_env
 
