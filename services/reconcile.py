@@ -24,7 +24,7 @@ import json
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -39,6 +39,8 @@ from services.core.config import CoreConfig
 from services.core.deposits import states
 from services.core.deposits.models import Deposit
 from services.core.models import OutboxEvent
+from services.core.sweeps import audit as sweep_audit
+from services.core.sweeps.audit import ChainBalances
 from services.notifier import deliveries as notifier_deliveries
 from services.notifier import fanout
 from services.notifier.config import NotifierConfig
@@ -74,6 +76,16 @@ STATUS_MISMATCH = "status_mismatch"
 #: No success yet for an (event, endpoint) pair to a live endpoint (only when required).
 UNDELIVERED = "undelivered"
 
+#: A sweep signed or sent and not final `settle_s` after it last changed.
+SWEEP_UNCONFIRMED = "sweep_unconfirmed"
+#: A sweep confirmed in the window whose block is no longer canonical (read on the chain).
+SWEEP_REORGED = "sweep_reorged"
+#: A deposit address's balance on the chain that its deposits less its sweeps do not explain.
+UNEXPLAINED_BALANCE = "unexplained_balance"
+
+#: The "tenant" of what belongs to no tenant (sweeps, deposit addresses' balances).
+PLATFORM = "-"
+
 #: Every kind, in the order the report lists them.
 KINDS: tuple[str, ...] = (
     NOT_PUBLISHED,
@@ -85,6 +97,9 @@ KINDS: tuple[str, ...] = (
     DUPLICATE_DURABLE,
     STATUS_MISMATCH,
     UNDELIVERED,
+    SWEEP_UNCONFIRMED,
+    SWEEP_REORGED,
+    UNEXPLAINED_BALANCE,
 )
 
 #: Rows fetched per round trip, and the longest IN list sent.
@@ -145,6 +160,8 @@ class Counts:
     #: by that delivery's status.
     undelivered: dict[str, int] = field(default_factory=dict)
     deposits_checked: int = 0
+    #: (address, token) balances read on chains and compared (docs/RECONCILE.md, "Sweeps").
+    balances_checked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +176,7 @@ class Counts:
             "pairsUnverifiable": self.pairs_unverifiable,
             "undelivered": dict(self.undelivered),
             "depositsChecked": self.deposits_checked,
+            "balancesChecked": self.balances_checked,
         }
 
 
@@ -182,6 +200,12 @@ class Report:
     duplicate_durable: list[Discrepancy] = field(default_factory=list)
     status_mismatch: list[Discrepancy] = field(default_factory=list)
     undelivered: list[Discrepancy] = field(default_factory=list)
+    sweep_unconfirmed: list[Discrepancy] = field(default_factory=list)
+    sweep_reorged: list[Discrepancy] = field(default_factory=list)
+    unexplained_balance: list[Discrepancy] = field(default_factory=list)
+    #: Deposits whose tokens are still at their address (not a discrepancy: they wait
+    #: for the next sweep).
+    unswept: list[sweep_audit.Unswept] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Discrepancy]:
         found: list[Discrepancy] = getattr(self, kind)
@@ -210,7 +234,20 @@ class Report:
             "elapsedMs": round(self.elapsed_s * 1000, 1),
             "counts": self.counts.to_dict(),
             "discrepancies": {k: [d.to_dict() for d in self.of_kind(k)] for k in KINDS},
+            "unswept": [u.to_dict() for u in self.unswept],
         }
+
+    def _unswept_summary(self) -> str:
+        """`<n> on chain <id> (<base units> <asset>), ...`."""
+        totals: dict[tuple[int, str], list[int]] = {}
+        for u in self.unswept:
+            total = totals.setdefault((u.chain_id, u.asset), [0, 0])
+            total[0] += 1
+            total[1] += u.amount_raw
+        return ", ".join(
+            f"{n} on chain {chain_id} ({raw} {asset} base units)"
+            for (chain_id, asset), (n, raw) in sorted(totals.items())
+        )
 
     def render(self) -> str:
         """The report for a person: figures, then each discrepancy (PRINT_LIMIT per kind)."""
@@ -228,6 +265,8 @@ class Report:
             "  not delivered after settle: "
             + (", ".join(f"{s} {n}" for s, n in sorted(c.undelivered.items())) or "none"),
             f"  deposits checked: {c.deposits_checked}",
+            f"  deposit address balances checked on chain: {c.balances_checked}",
+            "  deposits not yet swept: " + (self._unswept_summary() or "none"),
             f"  took {self.elapsed_s:.2f} s",
         ]
         found = self.discrepancies()
@@ -257,13 +296,17 @@ def reconcile(
     require_delivered: bool = False,
     tenant_ids: Iterable[str] | None = None,
     now: datetime | None = None,
+    chains: Mapping[int, ChainBalances] | None = None,
 ) -> Report:
     """Compare core's outbox and deposits with the notifier for events created in [since, until).
 
     `settle_s`: how long an event or delivery may be in flight before its absence is a
     discrepancy. `require_delivered`: a live endpoint's delivery that has not succeeded
     `settle_s` after it was made is a discrepancy too (otherwise only counted).
-    `tenant_ids`: only these tenants' rows. Raises ValueError for an empty window.
+    `tenant_ids`: only these tenants' rows. `chains`: the nodes to read sweeps' blocks
+    and deposit addresses' balances on (none: those checks are skipped; never with
+    `tenant_ids`, an address's balance is not one tenant's). Raises ValueError for an
+    empty window.
     """
     if since >= until:
         raise ValueError("since must be earlier than until")
@@ -285,6 +328,7 @@ def reconcile(
         run.check_stored()
         run.check_odd_durable()
         run.check_deposits()
+        _check_sweeps(run, chains or {})
     for kind in KINDS:
         report.of_kind(kind).sort(key=lambda d: (d.tenant_id, d.subject))
     report.elapsed_s = time.monotonic() - started
@@ -686,7 +730,30 @@ class _Run:
 
 # -- command line ----------------------------------------------------------------------
 
+
 #: Builds (core db, notifier db) for the command; tests may pass their own.
+def _check_sweeps(run: _Run, chains: Mapping[int, ChainBalances]) -> None:
+    """Deposits not yet swept, sweeps not confirmed, and (on each chain given) sweeps
+    reorged and balances nothing explains (services/core/sweeps/audit.py)."""
+    report = run.report
+    report.unswept = sweep_audit.unswept_deposits(run.core, report.tenant_ids)
+    if report.tenant_ids is not None:
+        return  # sweeps and balances are the platform's, not one tenant's
+    for found in sweep_audit.unconfirmed_sweeps(run.core, run.cutoff):
+        report.add(SWEEP_UNCONFIRMED, found.subject, PLATFORM, found.detail)
+    for chain_id, chain in sorted(chains.items()):
+        for found in sweep_audit.reorged_sweeps(
+            run.core, chain_id, chain.io, report.since, report.until
+        ):
+            report.add(SWEEP_REORGED, found.subject, PLATFORM, found.detail)
+        balances, checked = sweep_audit.unexplained_balances(
+            run.core, chain_id, chain.tokens, chain.io, all_addresses=chain.all_addresses
+        )
+        run.counts.balances_checked += checked
+        for found in balances:
+            report.add(UNEXPLAINED_BALANCE, found.subject, PLATFORM, found.detail)
+
+
 DatabasesFactory = Callable[[], tuple[Database, Database]]
 
 
@@ -697,6 +764,27 @@ def _databases_from_env() -> tuple[Database, Database]:
     if normalize_url(notifier_url) == core.url:
         return core, core
     return core, Database(notifier_url, pool_size=1)
+
+
+def _chains_from_env(which: str) -> dict[int, ChainBalances]:
+    """Each active chain with a node configured, to read for the sweep checks."""
+    if which == "none":
+        return {}
+    from services.core.chains import load_chains
+    from services.core.evm import connect
+    from services.core.sweeps.chain import SweepChain
+
+    config = CoreConfig.from_env()
+    chains = {}
+    for chain in load_chains(config.chains_file).active():
+        url = config.rpc_urls.get(chain.chain_id)
+        if url and chain.assets:
+            chains[chain.chain_id] = ChainBalances(
+                SweepChain(connect(url, config.deposits.rpc_timeout_s)),
+                tuple(a.token_address for a in chain.assets),
+                all_addresses=which == "all",
+            )
+    return chains
 
 
 def _time(text: str) -> datetime:
@@ -739,6 +827,7 @@ def run_command(args: argparse.Namespace, make_databases: DatabasesFactory) -> i
             require_delivered=args.require_delivered,
             tenant_ids=args.tenant,
             now=now,
+            chains=_chains_from_env(args.chain_balances),
         )
     except SQLAlchemyError as err:
         sys.stderr.write(f"error: could not read the databases: {err.__class__.__name__}: {err}\n")
@@ -781,5 +870,12 @@ def register(
         help="a live endpoint's delivery not succeeded after the settle time is a discrepancy",
     )
     p.add_argument("--tenant", action="append", metavar="ID", help="only this tenant (repeatable)")
+    p.add_argument(
+        "--chain-balances",
+        choices=("deposited", "all", "none"),
+        default="deposited",
+        help="deposit addresses whose balances are read on each chain with a node"
+        " (SETTLE_RPC_URL_<id>): those with deposits or sweeps (default), all, or none",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=lambda args: run_command(args, make_databases))

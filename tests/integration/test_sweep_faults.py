@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from eth_account import Account
 
+from services import reconcile as rc
 from services.core import accounts
 from services.core.accounts import NewAccount
 from services.core.addresses import AddressDeriver
@@ -23,6 +25,7 @@ from services.core.deposits.pricing import StaticPrices
 from services.core.destinations import Destination
 from services.core.hot_wallet import Erc20TransferExecutor
 from services.core.keyfiles import SigningKey, new_mnemonic
+from services.core.sweeps.audit import ChainBalances
 from services.core.sweeps.chain import SweepChain
 from services.core.sweeps.documents import digest
 from services.core.sweeps.models import (
@@ -39,10 +42,11 @@ from services.core.sweeps.planning import make_plan
 from services.core.sweeps.sending import Sender, SendRefused
 from services.core.sweeps.signer import sign_plan
 from shared.db import Database
+from shared.timefmt import utcnow
 from tests.conftest import TenantKeys
 from tests.support.anvil import AnvilNode
 from tests.support.deposits import unique_chain_id
-from tests.support.sweeps import USDC, SweepRig, sweeps_on
+from tests.support.sweeps import DEPTH, USDC, SweepRig, sweeps_on
 
 pytestmark = pytest.mark.integration
 
@@ -367,3 +371,59 @@ def test_only_one_send_runs_per_chain(one: Chain1) -> None:
 def _rows(db: Database, plan_id: str) -> list[Sweep]:
     with db.reader() as session:
         return list(session.scalars(sa.select(Sweep).where(Sweep.plan_id == plan_id)))
+
+
+def _reconcile(one: Chain1) -> list[rc.Discrepancy]:
+    now = utcnow()
+    chains = {
+        one.chain.chain_id: ChainBalances(one.io, (one.token,), all_addresses=True),
+    }
+    report = rc.reconcile(
+        one.db, one.db, now - timedelta(minutes=10), now + timedelta(seconds=1), chains=chains
+    )
+    chain = f"chain {one.chain.chain_id}"
+    return [
+        d
+        for d in report.discrepancies()
+        if d.subject.startswith(f"{one.chain.chain_id} ") or chain in d.detail
+    ]
+
+
+def _pairs(one: Chain1) -> list[tuple[str, str]]:
+    return sorted((rc.UNEXPLAINED_BALANCE, f"{one.chain.chain_id} {a}") for a in one.addresses)
+
+
+def test_reconcile_reports_balances_no_deposit_explains_and_a_confirmed_sweep_reorged(
+    one: Chain1,
+) -> None:
+    # Given deposit addresses holding tokens no recorded deposit explains (a transfer the
+    # watcher never saw): each is reported with what it holds
+    found = _reconcile(one)
+    assert sorted((d.kind, d.subject) for d in found) == _pairs(one)
+    # When they are swept (nothing then remains at the addresses) and confirmed
+    sender = one.sender()
+    plan_id = sender.accept(one.signed(one.plan()))
+    assert one.finish(sender, plan_id) == {CONFIRMED: 3}
+    one.node.mine(DEPTH)
+    # Then the addresses stay reported: the sweeps moved tokens no deposit explains
+    # (until ops account for them, an auditor sees them)
+    swept = _reconcile(one)
+    assert sorted(d.subject for d in swept) == sorted(f[1] for f in _pairs(one))
+    assert all(d.kind == rc.UNEXPLAINED_BALANCE and "holds 0 " in d.detail for d in swept)
+    # When a reorg deeper than the depth takes the confirmed sweeps' block away
+    mined = {s.block_number for s in sweeps_on(one.db, one.chain.chain_id)}
+    one.node.reorg(one.node.head() - min(b or 0 for b in mined) + 1)
+    # Then each sweep is reported as reorged, and each address's balance as unexplained
+    # (the tokens are back; the database says they left)
+    kinds = sorted(d.kind for d in _reconcile(one))
+    assert kinds == sorted([rc.SWEEP_REORGED] * 3 + [rc.UNEXPLAINED_BALANCE] * 3)
+
+
+def test_reconcile_reports_a_sweep_left_unconfirmed(one: Chain1) -> None:
+    sender = one.sender()
+    sender.accept(one.signed(one.plan()))  # signed, never sent
+    found = _reconcile(one)
+    assert (
+        sorted(d.kind for d in found if d.kind == rc.SWEEP_UNCONFIRMED)
+        == [rc.SWEEP_UNCONFIRMED] * 3
+    )

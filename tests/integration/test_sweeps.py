@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services import reconcile as rc
 from services.core import accounts
 from services.core.accounts import NewAccount
 from services.core.addresses import AddressDeriver
@@ -31,12 +33,14 @@ from services.core.keyfiles import (
     new_mnemonic,
     write_new,
 )
+from services.core.sweeps.audit import ChainBalances
 from services.core.sweeps.chain import SweepChain
 from services.core.sweeps.models import CONFIRMED, NOT_NEEDED
 from services.core.sweeps.planning import make_plan
 from services.core.sweeps.sending import Outcome, Sender
 from services.core.sweeps.signer import sign_plan
 from shared.db import Database
+from shared.timefmt import utcnow
 from tests.conftest import TenantKeys, core_config
 from tests.support import keys
 from tests.support.deposits import set_fee
@@ -190,6 +194,15 @@ def test_twenty_deposits_credited_on_two_chains_are_swept_to_the_treasury_to_the
         )
         hot_nonce = node.nonce(rig.hot.address)
 
+        # Given reconcile lists the chain's ten deposits as not yet swept, and finds
+        # every address's balance explained by its deposits
+        before = _reconcile(pg_db, funded, chain_id)
+        assert sorted(u.amount_raw for u in before.unswept if u.chain_id == chain_id) == sorted(
+            int(d.amount_raw) for d in deposits_on(pg_db, chain_id)
+        )
+        assert before.counts.balances_checked == 5
+        assert _mine(before, chain_id) == []
+
         # When the chain's deposits are planned, signed offline and sent
         _, plan_id, outcome = _sweep(pg_db, funded, chain_id)
 
@@ -222,6 +235,11 @@ def test_twenty_deposits_credited_on_two_chains_are_swept_to_the_treasury_to_the
         # And the hot wallet's nonces went to payouts and top-ups only, none reused
         assert node.nonce(rig.hot.address) == hot_nonce + len(topped)
 
+        # And reconcile finds nothing left to sweep and nothing unexplained
+        after = _reconcile(pg_db, funded, chain_id)
+        assert [u for u in after.unswept if u.chain_id == chain_id] == []
+        assert _mine(after, chain_id) == [] and after.counts.balances_checked == 5
+
         # When the same signed file is sent again: nothing moves
         before = (
             node.nonce(rig.hot.address),
@@ -235,6 +253,27 @@ def test_twenty_deposits_credited_on_two_chains_are_swept_to_the_treasury_to_the
             node.balance_of(token, rig.treasury),
             [node.nonce(a) for a in deposited],
         )
+
+
+def _reconcile(db: Database, funded: Funded, chain_id: int) -> rc.Report:
+    rig = funded.rig
+    io = SweepChain(rig.nodes[chain_id].w3)
+    now = utcnow()
+    chains = {chain_id: ChainBalances(io, (rig.tokens[chain_id],))}
+    return rc.reconcile(
+        db, db, now - timedelta(minutes=10), now + timedelta(seconds=1), chains=chains
+    )
+
+
+def _mine(report: rc.Report, chain_id: int) -> list[rc.Discrepancy]:
+    """The report's sweep and balance discrepancies about this chain."""
+    kinds = (rc.SWEEP_UNCONFIRMED, rc.SWEEP_REORGED, rc.UNEXPLAINED_BALANCE)
+    return [
+        d
+        for d in report.discrepancies()
+        if d.kind in kinds
+        and (d.subject.startswith(f"{chain_id} ") or f"chain {chain_id}" in d.detail)
+    ]
 
 
 def _resend(db: Database, funded: Funded, chain_id: int, plan_id: str) -> Outcome:

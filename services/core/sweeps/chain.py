@@ -81,6 +81,17 @@ class SweepChain:
         )
         return {owner: int(count) for owner, count in zip(owners, answers, strict=True)}
 
+    def block_hashes(self, numbers: Iterable[int]) -> dict[int, str | None]:
+        """The canonical block hash at each height (None past the head)."""
+        heights = sorted(set(numbers))
+        answers = self._batched(
+            heights, lambda batch, number: batch.add(self.w3.eth.get_block(number))
+        )
+        return {
+            n: (None if block is None else "0x" + bytes(block["hash"]).hex())
+            for n, block in zip(heights, answers, strict=True)
+        }
+
     def transfer_gas(self, token: str, sender: str, to: str, amount_raw: int) -> int:
         """A gas limit for `sender`'s `transfer(to, amount)`: the node's estimate plus margin."""
         call = {
@@ -89,7 +100,3 @@ class SweepChain:
             "data": transfer_data(to, amount_raw),
         }
         return math.ceil(self.w3.eth.estimate_gas(cast(TxParams, call)) * GAS_MARGIN)
-
-
-def owners_of(pairs: Iterable[tuple[str, str]]) -> list[str]:
-    return list(dict.fromkeys(owner for _, owner in pairs))
