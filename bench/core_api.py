@@ -53,6 +53,7 @@ from bench.harness import (
     process,
     wrk,
 )
+from services.core.addresses import BIP44_KEY_PATH
 from shared.db import Database
 from shared.identity import service as identity
 
@@ -97,6 +98,13 @@ def main() -> int:
         "--threads", type=int, default=4, help="gunicorn threads per worker (settle core api's)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument(
+        "--key",
+        choices=("bip44", "root"),
+        default="bip44",
+        help="deposit key: bip44 (settle keys new: one address for every chain) or root"
+        " (settle keys xpub: one address per chain)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     # A database of this run's own, so two runs at once cannot drop each other's.
@@ -135,7 +143,9 @@ def run(args: argparse.Namespace, url: str) -> int:
     refresh_fees(db, load_chains())
     db.dispose()
 
-    xpub = Bip32Secp256k1.FromSeed(bytes(range(32))).PublicKey().ToExtended()
+    root = Bip32Secp256k1.FromSeed(bytes(range(32)))
+    node = root.DerivePath(BIP44_KEY_PATH) if args.key == "bip44" else root
+    xpub = node.PublicKey().ToExtended()
     env = {
         "SETTLE_DATABASE_URL": url,
         "SETTLE_ENV": "production",

@@ -6,7 +6,8 @@ endpoint cannot skip without changing what it promises:
 
 - authenticate the Bearer key with one indexed query per request (revocation must
   apply to the very next request, so no cache);
-- derive the three deposit addresses with core's deriver (BIP32 CKDpub + EIP-55);
+- derive the deposit addresses with core's deriver (bip-utils' BIP32 CKDpub and address
+  encoder: one per chain for a root key, one for every chain for a bip44 key);
 - insert the account (destination copied from the policy), its addresses and the
   `deposit.account.created` outbox row in ONE statement, committed on its own
   (autocommit: a single statement is atomic, so no BEGIN/COMMIT round trips);
@@ -96,7 +97,7 @@ def create() -> Response:
     if not _local.pks:
         _local.pks.extend(row[0] for row in conn.execute(_PKS))
     pk = _local.pks.popleft()
-    addresses = {chain_id: _deriver[0].derive(chain_id, pk) for chain_id, _ in _CHAINS}
+    addresses = dict(_deriver[0].addresses(pk, [chain_id for chain_id, _ in _CHAINS]))
     now = utcnow()
     account = {
         "id": new_id("acc"),

@@ -5,7 +5,7 @@
 Fills the required settings of .env.example that are secrets: SETTLE_SECRET_KEY (32
 random bytes), the PostgreSQL, RabbitMQ (one per service user) and Grafana passwords
 (URL-safe: they go into URLs). SETTLE_DEPOSIT_XPUB is the public half of a key pair made
-offline (`settle keys xpub --xprv-out FILE`): pass it with --xpub, or fill it in after.
+offline (`settle keys new --out FILE`): pass it with --xpub, or fill it in after.
 Every other line of .env.example is kept, so the optional settings are there to
 uncomment. An existing file is never overwritten; the new one is readable by its owner
 only. Python's standard library only: it runs before any virtualenv exists.
@@ -52,7 +52,7 @@ def render(example: str, xpub: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--xpub", help="the deposit key's xpub (settle keys xpub)")
+    parser.add_argument("--xpub", help="the deposit key's xpub (settle keys new)")
     parser.add_argument("--out", type=Path, default=ROOT / ".env")
     parser.add_argument("--example", type=Path, default=EXAMPLE)
     args = parser.parse_args(argv)
