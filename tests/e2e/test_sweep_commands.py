@@ -27,12 +27,13 @@ from services.core.chains import load_chains
 from services.core.deposits import states
 from services.core.destinations import Destination
 from services.core.sweeps.models import CONFIRMED, SENT, Sweep, SweepFunding
+from shared.bus import BusNames
 from shared.db import Database
 from tests.conftest import make_tenant
-from tests.support.pipeline import delete_bus, unique_prefix
+from tests.support.pipeline import delete_bus, unique_prefix, wait_until
 from tests.support.processes import ROOT, SettleProcesses, settle_argv
 from tests.support.services import AMQP_URL, create_database, drop_database, require_service
-from tests.support.sweeps import USDC, SweepRig, deposits_on, sweep_chains, wait_for
+from tests.support.sweeps import USDC, SweepRig, deposits_on, sweep_chains
 
 pytestmark = pytest.mark.e2e
 
@@ -110,13 +111,7 @@ def test_an_operator_sweeps_two_chains_with_the_commands_and_a_killed_send_resum
             _run(rig, env, db, key_file, tmp_path)
         finally:
             db.dispose()
-            delete_bus(_names(prefix))
-
-
-def _names(prefix: str) -> Any:
-    from shared.bus import BusNames
-
-    return BusNames(prefix)
+            delete_bus(BusNames(prefix))
 
 
 def _run(rig: SweepRig, env: dict[str, str], db: Database, key_file: Path, tmp: Path) -> None:
@@ -152,7 +147,7 @@ def _run(rig: SweepRig, env: dict[str, str], db: Database, key_file: Path, tmp: 
                     held = deposited.setdefault(chain_id, {})
                     held[address] = held.get(address, 0) + amount
         # When `settle core worker` credits the 20 deposits
-        wait_for(
+        wait_until(
             lambda: all(
                 len(ds) == 10 and {d.status for d in ds} == {states.CREDITED}
                 for ds in (deposits_on(db, c) for c in rig.chain_ids)
@@ -174,7 +169,7 @@ def _run(rig: SweepRig, env: dict[str, str], db: Database, key_file: Path, tmp: 
             start_new_session=True,
         )
         try:
-            wait_for(lambda: SENT in _statuses(db, first), 120, "a sweep broadcast", 0.05)
+            wait_until(lambda: SENT in _statuses(db, first), 120, "a sweep broadcast", 0.05)
         finally:
             os.killpg(killed.pid, signal.SIGKILL)
             killed.wait(10)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from eth_account import Account
 
 from services import reconcile as rc
@@ -36,7 +35,6 @@ from services.core.sweeps.models import (
     SIGNED,
     STALE,
     SUPERSEDED,
-    Sweep,
 )
 from services.core.sweeps.planning import make_plan
 from services.core.sweeps.sending import Sender, SendRefused
@@ -46,7 +44,7 @@ from shared.timefmt import utcnow
 from tests.conftest import TenantKeys
 from tests.support.anvil import AnvilNode
 from tests.support.deposits import unique_chain_id
-from tests.support.sweeps import DEPTH, USDC, SweepRig, sweeps_on
+from tests.support.sweeps import DEPTH, USDC, SweepRig, fundings_on, sweeps_on
 
 pytestmark = pytest.mark.integration
 
@@ -173,6 +171,32 @@ def test_a_sweep_dropped_after_its_gas_landed_is_sent_again_as_the_same_transact
     assert _treasury(one) == sum(AMOUNTS)
     # And no second top-up was paid: one gas transaction per address
     assert one.node.nonce(one.gas.address) == 3
+
+
+def test_a_gas_top_up_priced_out_is_replaced_and_holds_no_payout_back(one: Chain1) -> None:
+    # Given top-ups broadcast (nonces 0-2 of the hot wallet, which pays credits too)
+    sender = Sender(one.db, one.chain, one.io, one.gas, replace_after_blocks=3)
+    plan_id = sender.accept(one.signed(one.plan()))
+    sender.round(plan_id)
+    (first, *_) = fundings_on(one.db, one.chain.chain_id)
+    assert first.tx is not None
+    base = int(one.node.rpc("eth_getBlockByNumber", "latest", False)["baseFeePerGas"], 16)
+    high = 3 * int(first.tx["maxFeePerGas"])
+    # When the base fee jumps above what they offer, and stays there
+    for _ in range(6):
+        one.node.set_next_base_fee(high)
+        one.node.mine(1)
+        sender.round(plan_id)
+    # Then each was replaced (same nonce, fees up) and mined while fees stayed high: the
+    # hot wallet's later nonces (its next payout) are not held back behind them
+    fundings = fundings_on(one.db, one.chain.chain_id)
+    assert [len(f.tx_hashes) for f in fundings] == [2, 2, 2]
+    assert all(f.block_number is not None and f.tx_hash == f.tx_hashes[1] for f in fundings)
+    assert one.node.nonce(one.gas.address) == 3
+    # And once fees fall back, the sweeps (priced at plan time) land as planned
+    one.node.set_next_base_fee(base)
+    assert one.finish(sender, plan_id) == {CONFIRMED: 3}
+    assert _treasury(one) == sum(AMOUNTS)
 
 
 def test_a_reorg_that_removes_a_mined_sweep_before_the_depth_sends_it_again(one: Chain1) -> None:
@@ -366,11 +390,6 @@ def test_only_one_send_runs_per_chain(one: Chain1) -> None:
     with sender._exclusive(), pytest.raises(SendRefused, match="another"):
         one.sender().run(plan_id, timeout_s=1)
     assert set(one.statuses(plan_id)) == {SIGNED}
-
-
-def _rows(db: Database, plan_id: str) -> list[Sweep]:
-    with db.reader() as session:
-        return list(session.scalars(sa.select(Sweep).where(Sweep.plan_id == plan_id)))
 
 
 def _reconcile(one: Chain1) -> list[rc.Discrepancy]:

@@ -4,6 +4,7 @@ Every balance is checked to the wei; each hostile case is a test of its own."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from shared.timefmt import utcnow
 from tests.conftest import TenantKeys, core_config
 from tests.support import keys
 from tests.support.deposits import set_fee
+from tests.support.pipeline import wait_until
 from tests.support.sweeps import (
     USDC,
     SweepRig,
@@ -53,7 +55,6 @@ from tests.support.sweeps import (
     payout_hashes,
     sweep_chains,
     sweeps_on,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -138,7 +139,7 @@ def funded(pg_url: str, pg_db: Database, tenant: TenantKeys, tmp_path: Path) -> 
         worker.start()
         try:
             # Given 20 deposits (two to each address, five addresses per chain)
-            wait_for(lambda: all(w.tick() is not None for w in pipeline.watchers), 10, "watchers")
+            wait_until(lambda: all(w.tick() is not None for w in pipeline.watchers), 10, "watchers")
             deposited: dict[int, dict[str, int]] = {}
             for chain_id, node in rig.nodes.items():
                 for n, address in enumerate(addresses[chain_id]):
@@ -150,7 +151,7 @@ def funded(pg_url: str, pg_db: Database, tenant: TenantKeys, tmp_path: Path) -> 
                         per_chain = deposited.setdefault(chain_id, {})
                         per_chain[address] = per_chain.get(address, 0) + amount
             # When the pipeline credits them all
-            wait_for(
+            wait_until(
                 lambda: all(
                     len(ds) == 10 and all(d.status == states.CREDITED for d in ds)
                     for ds in (deposits_on(pg_db, c) for c in rig.chain_ids)
@@ -310,7 +311,7 @@ def test_the_plan_names_each_addresses_key_and_path(funded: Funded, pg_db: Datab
     schemes = sorted(e["key"]["scheme"] for e in entries)
     assert schemes == ["bip44"] * 4 + ["chain/index"]
     new_xpub = SigningKey.from_mnemonic(
-        __import__("json").loads(funded.key_files[1].read_text())["mnemonic"]
+        json.loads(funded.key_files[1].read_text())["mnemonic"]
     ).xpub
     for entry in entries:
         if entry["key"]["scheme"] == "bip44":

@@ -12,12 +12,10 @@ development accounts play Settle's hot wallet (1) and the customers (2).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from eth_account import Account
@@ -107,17 +105,6 @@ def sweep_chains(count: int = 2) -> Iterator[SweepRig]:
             rig.hot_native_start[node.chain_id] = node.balance(rig.hot.address)
             rig.hot_token_start[node.chain_id] = node.balance_of(token, rig.hot.address)
         yield rig
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def gas_paid(node: AnvilNode, tx_hash: str) -> int:

@@ -1,2 +1,2 @@
 """Sweeps: moving what customers deposited from the deposit addresses to the treasury,
-with keys that never come online (docs/SWEEPS.md... see docs/DEPOSITS.md, "Sweeps")."""
+with a deposit key that never comes online (docs/DEPOSITS.md, "Sweeps"; docs/KEYS.md)."""

@@ -169,6 +169,7 @@ def sign(args: argparse.Namespace) -> int:
 
 
 def send(args: argparse.Namespace) -> int:
+    from services.core.config import CoreConfig
     from services.core.sweeps.documents import SIGNED_KIND, SweepFileError, load
     from services.core.sweeps.sending import Sender
 
@@ -182,7 +183,16 @@ def send(args: argparse.Namespace) -> int:
     except _Setup as exc:
         return _refuse("send", str(exc))
     try:
-        sender = Sender(db, chain, io, gas)
+        config = CoreConfig.from_env()
+        cap = config.deposits.payment_max_fee_gwei
+        sender = Sender(
+            db,
+            chain,
+            io,
+            gas,
+            replace_after_blocks=config.deposits.payment_replace_blocks,
+            max_fee_wei=None if cap is None else int(cap * 10**9),
+        )
         plan_id = sender.accept(signed)
         outcome = sender.run(
             plan_id, wait=not args.no_wait, timeout_s=args.timeout, poll_s=args.poll

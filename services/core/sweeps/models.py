@@ -116,9 +116,18 @@ class SweepFunding(CoreBase):
     deposit_address: Mapped[str] = mapped_column(sa.String(42))
     wallet: Mapped[str] = mapped_column(sa.String(42))
     amount_wei: Mapped[str] = mapped_column(sa.String(80))
+    #: The gas wallet's nonce, from the hot wallet's allocator (payments.allocate_nonce).
     nonce: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    #: The unsigned transfer (without nonce): what a replacement re-signs with higher fees.
+    tx: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: The latest signed bytes, broadcast again while the node does not know them.
     raw_tx: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    #: The mined transaction's hash once mined, else the latest one.
     tx_hash: Mapped[str | None] = mapped_column(sa.String(66), nullable=True)
+    #: Every hash signed for it (replacements keep the nonce): whichever is mined counts.
+    tx_hashes: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    #: The head when `raw_tx` was signed: a replacement is due some blocks later.
+    signed_block: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     status: Mapped[str] = mapped_column(sa.String(20))
     detail: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     block_number: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)

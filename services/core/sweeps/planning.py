@@ -20,6 +20,7 @@ from typing import Any
 
 from eth_utils import to_checksum_address
 
+from services.core.addresses import full_path
 from services.core.amounts import format_amount, token_units
 from services.core.chains import Chain
 from services.core.deposits.pricing import PriceSource, amount_usd
@@ -181,7 +182,7 @@ def make_plan(
                     "xpub": candidate.xpub,
                     "scheme": candidate.scheme,
                     "index": candidate.index,
-                    "path": _path(candidate, chain.chain_id),
+                    "path": full_path(candidate.scheme, chain.chain_id, candidate.index),
                 },
                 "nonce": nonces[address],
                 "nativeBalanceWei": str(natives[address]),
@@ -240,9 +241,3 @@ def make_plan(
             rows,
         )
     return {"digest": plan_digest, "plan": document}
-
-
-def _path(candidate: store.Candidate, chain_id: int) -> str:
-    from services.core.addresses import full_path
-
-    return full_path(candidate.scheme, chain_id, candidate.index)

@@ -121,6 +121,8 @@ class Sender:
         io: SweepChain,
         gas_wallet: Erc20TransferExecutor,
         *,
+        replace_after_blocks: int = 12,
+        max_fee_wei: int | None = None,
         clock: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -128,6 +130,11 @@ class Sender:
         self.chain = chain
         self.io = io
         self.gas = gas_wallet
+        #: A gas top-up not mined this many blocks after it was signed is replaced (the
+        #: hot wallet's SETTLE_PAYMENT_REPLACE_BLOCKS), never above `max_fee_wei`
+        #: (SETTLE_PAYMENT_MAX_FEE_GWEI).
+        self.replace_after_blocks = replace_after_blocks
+        self.max_fee_wei = max_fee_wei
         self.clock = clock
         self.sleep = sleep
 
@@ -156,12 +163,9 @@ class Sender:
                 for r in store.sweeps_of(session, plan_id, lock=True)
             }
             chosen: list[tuple[Sweep, str, str]] = []
+            seen: set[tuple[str, str]] = set()
             for item in signed.get("transactions") or []:
-                chosen.append(
-                    self._checked(
-                        item, rows, {(s.deposit_address, s.token_address) for s, _, _ in chosen}
-                    )
-                )
+                chosen.append(self._checked(item, rows, seen))
             if not chosen:
                 raise SendRefused("the signed file holds no transaction")
             now = self.clock()
@@ -186,6 +190,7 @@ class Sender:
             raise SendRefused(f"{key[0]} {key[1]}: not a transfer of this plan")
         if key in seen:
             raise SendRefused(f"{key[0]} {key[1]}: given twice")
+        seen.add(key)
         if row.status == REPLACED:
             raise SendRefused(f"{key[0]}: {row.detail}; sign and send that plan instead")
         signed = decode(raw)
@@ -316,7 +321,7 @@ class Sender:
     # -- gas -------------------------------------------------------------------------------
 
     def _fund(self, plan_id: str, address: str, fresh: Sequence[Sweep]) -> SweepFunding:
-        """Store (and broadcast) the address's gas top-up, or record that none is needed."""
+        """Store (then broadcast) the address's gas top-up, or record that none is needed."""
         need = sum(max_gas_cost(r.tx) for r in fresh)
         held = self.io.native_balances([address], "latest")[address]
         amount = max(0, need - held)
@@ -328,6 +333,7 @@ class Sender:
             wallet=self.gas.address,
             amount_wei=str(amount),
             status=NOT_NEEDED if amount == 0 else SENT,
+            tx_hashes=[],
             created_at=now,
             updated_at=now,
         )
@@ -343,47 +349,83 @@ class Sender:
             "gas": NATIVE_TRANSFER_GAS,
             **self.gas.fees(),
         }
-        pending = self.gas.nonce("pending")
+        pending, head = self.gas.nonce("pending"), self.gas.head()
         with self.db.transaction() as session:
             # The hot wallet's own allocator: payouts and top-ups never share a nonce.
             nonce = payments.allocate_nonce(
                 session, self.chain.chain_id, self.gas.address, pending, now
             )
             signed = self.gas.sign(tx, nonce)
-            row.nonce, row.raw_tx, row.tx_hash = nonce, signed.raw, signed.hash
+            row.nonce, row.tx, row.raw_tx, row.signed_block = nonce, tx, signed.raw, head
+            row.tx_hash, row.tx_hashes = signed.hash, [signed.hash]
             session.add(row)
         self._broadcast(signed.raw, f"gas top-up of {address}")
         return row
 
     def _follow_funding(self, funding: SweepFunding, head: int) -> bool:
-        """Whether the address has its gas (the top-up mined, or none needed)."""
+        """Whether the address has its gas (the top-up mined, or none needed).
+
+        A top-up holds a nonce of the hot wallet: until it is mined, no payout after it
+        can be. So, as a payout, it is replaced (same nonce, higher fees) when not mined
+        `replace_after_blocks` after it was signed, and failed only when another
+        transaction used its nonce at the chain's depth.
+        """
         if funding.status in (NOT_NEEDED, CONFIRMED):
             return True
-        if funding.status == FAILED or funding.tx_hash is None:
+        if funding.status == FAILED or funding.nonce is None:
             return False
-        receipt = self._canonical_receipt(funding.tx_hash)
-        if receipt is None:
-            if not self.gas.known(funding.tx_hash):
-                self._broadcast(funding.raw_tx or "", f"gas top-up of {funding.deposit_address}")
+        found = [(h, r) for h in funding.tx_hashes if (r := self._canonical_receipt(h))]
+        if not found:
+            self._unmined_funding(funding, head)
             return False
-        deep = head - receipt.block_number + 1 >= self.chain.confirmations
-        status = funding.status
-        if receipt.status != 1:
-            status = FAILED
-        elif deep:
-            status = CONFIRMED
+        tx_hash, mined = found[0]
+        deep = head - mined.block_number + 1 >= self.chain.confirmations
+        status = FAILED if mined.status != 1 else CONFIRMED if deep else SENT
+        self._update_funding(
+            funding,
+            status=status,
+            tx_hash=tx_hash,
+            block_number=mined.block_number,
+            block_hash=mined.block_hash,
+            detail=None if status != FAILED else f"top-up {tx_hash} reverted",
+        )
+        return mined.status == 1
+
+    def _unmined_funding(self, funding: SweepFunding, head: int) -> None:
+        at_depth = max(0, head - self.chain.confirmations + 1)
+        what = f"gas top-up of {funding.deposit_address}"
+        if self.gas.nonce(at_depth) > (funding.nonce or 0):
+            self._update_funding(
+                funding,
+                status=FAILED,
+                detail=f"nonce {funding.nonce} of the gas wallet was used by another transaction",
+            )
+        elif head - (funding.signed_block or head) >= self.replace_after_blocks and funding.tx:
+            bumped = self.gas.bump(funding.tx)
+            if self.max_fee_wei is not None and int(bumped["maxFeePerGas"]) > self.max_fee_wei:
+                log.warning("sweep send: %s unmined; a replacement would pass the fee cap", what)
+                return
+            signed = self.gas.sign(bumped, funding.nonce or 0)
+            # Stored before it is broadcast; the earlier hashes stay candidates.
+            self._update_funding(
+                funding,
+                tx=bumped,
+                raw_tx=signed.raw,
+                tx_hash=signed.hash,
+                tx_hashes=[*funding.tx_hashes, signed.hash],
+                signed_block=head,
+            )
+            self._broadcast(signed.raw, f"{what} (replaced: fees up)")
+        elif not self.gas.known(funding.tx_hash or ""):
+            self._broadcast(funding.raw_tx or "", what)
+
+    def _update_funding(self, funding: SweepFunding, **values: Any) -> None:
         with self.db.transaction() as session:
             row = session.get(SweepFunding, funding.id, with_for_update=True)
             assert row is not None
-            row.status, row.block_number, row.block_hash = (
-                status,
-                receipt.block_number,
-                receipt.block_hash,
-            )
-            row.detail = None if status != FAILED else f"top-up {funding.tx_hash} reverted"
-            row.updated_at = self.clock()
-        funding.status = status
-        return receipt.status == 1
+            for name, value in {**values, "updated_at": self.clock()}.items():
+                setattr(row, name, value)
+                setattr(funding, name, value)
 
     # -- transfers -------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from eth_account import Account
 from eth_utils import to_checksum_address
 
 from services.core.addresses import full_path
+from services.core.amounts import format_amount, token_units
 from services.core.keyfiles import SigningKey
 from services.core.sweeps.documents import (
     SIGNED_KIND,
@@ -141,7 +142,7 @@ def sign_plan(
         destination=destination,
         digest=str(document["digest"]),
         transactions=len(signed),
-        assets={a: _units(raw, decimals[a]) for a, raw in assets.items()},
+        assets={a: format_amount(token_units(raw, decimals[a])) for a, raw in assets.items()},
     )
     return (
         {
@@ -156,9 +157,3 @@ def sign_plan(
         },
         summary,
     )
-
-
-def _units(raw: int, decimals: int) -> str:
-    from services.core.amounts import format_amount, token_units
-
-    return format_amount(token_units(raw, decimals))

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -15,12 +13,9 @@ from services.core.addresses import CHAIN_INDEX
 from services.core.deposits.models import Deposit
 from services.core.models import DepositAccount, DepositAddress, DepositKey
 from services.core.sweeps.models import (
-    CONFIRMED,
     OPEN,
     PLANNED,
     REPLACED,
-    SENT,
-    SIGNED,
     Sweep,
     SweepFunding,
     SweepPlan,
@@ -151,54 +146,3 @@ def status_counts(session: Session, plan_ids: Sequence[str]) -> dict[str, dict[s
     for plan_id, status, count in rows:
         out.setdefault(plan_id, {})[status] = int(count)
     return out
-
-
-# -- reconcile's reads -------------------------------------------------------------------
-
-
-def confirmed_totals(session: Session) -> dict[tuple[int, str, str], int]:
-    """{(chain, address, token): base units swept by confirmed sweeps}."""
-    rows = session.execute(
-        sa.select(
-            Sweep.chain_id, Sweep.deposit_address, Sweep.token_address, Sweep.amount_raw
-        ).where(Sweep.status == CONFIRMED)
-    )
-    totals: dict[tuple[int, str, str], int] = {}
-    for chain_id, address, token, amount in rows:
-        key = (int(chain_id), address, token.lower())
-        totals[key] = totals.get(key, 0) + int(amount)
-    return totals
-
-
-def unconfirmed(session: Session, older_than: datetime) -> list[Sweep]:
-    """Sweeps signed or sent, not final, last changed before `older_than`."""
-    return list(
-        session.scalars(
-            sa.select(Sweep)
-            .where(Sweep.status.in_((SIGNED, SENT)), Sweep.updated_at < older_than)
-            .order_by(Sweep.chain_id, Sweep.id)
-        )
-    )
-
-
-def confirmed(session: Session) -> list[Sweep]:
-    return list(
-        session.scalars(sa.select(Sweep).where(Sweep.status == CONFIRMED).order_by(Sweep.id))
-    )
-
-
-def held_deposits(session: Session) -> list[Deposit]:
-    """Non-sandbox deposits whose tokens are at their deposit address (every one whose
-    transfer is on the chain: all but those the watcher saw vanish), oldest block first."""
-    return list(
-        session.scalars(
-            sa.select(Deposit)
-            .where(Deposit.sandbox.is_(False), Deposit.source_vanished_at.is_(None))
-            .where(Deposit.asset.is_not(None))
-            .order_by(Deposit.chain_id, Deposit.block_number, Deposit.log_index, Deposit.id)
-        )
-    )
-
-
-def as_rows(items: Iterable[Any]) -> list[Any]:
-    return list(items)
