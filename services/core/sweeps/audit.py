@@ -19,15 +19,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from services.core.deposits.models import ChainCursor, Deposit
 from services.core.models import DepositAddress
-from services.core.sweeps.chain import SweepChain
 from services.core.sweeps.models import CONFIRMED, OPEN, Sweep
 from shared.timefmt import iso_ms
+
+if TYPE_CHECKING:
+    # web3, only where a node is read: reconcile imports this module for every run.
+    from services.core.sweeps.chain import SweepChain
 
 #: Pair of (chain id, address, token address lowercase).
 Holding = tuple[int, str, str]
