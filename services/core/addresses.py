@@ -8,7 +8,7 @@ key file (docs/KEYS.md). Two derivation schemes, told apart by the xpub itself:
   address on every chain: m/44'/60'/0'/0/i, what any standard wallet derives from the
   words alone.
 - `chain/index` (keys from `settle keys xpub`, the dev key file, deployments before
-  core_0009): the xpub is a BIP32 root and the address of index i on chain c is its
+  core_0010): the xpub is a BIP32 root and the address of index i on chain c is its
   child `c/i`, a different address per chain.
 
 Every step is bip-utils' (CKDpub, then its Ethereum address encoder): on the path that

@@ -122,7 +122,7 @@ class DepositAddress(CoreBase):
     address: Mapped[str] = mapped_column(sa.String(42))
     #: Order of the chain in the chains file, so lists read the same every time.
     position: Mapped[int] = mapped_column(sa.Integer, default=0)
-    #: The key it was derived from; NULL: before core_0009, by the deployment's first key
+    #: The key it was derived from; NULL: before core_0010, by the deployment's first key
     #: (scheme `chain/index`, the only one then).
     key_id: Mapped[int | None] = mapped_column(
         sa.SmallInteger, sa.ForeignKey("deposit_keys.id"), nullable=True
