@@ -96,6 +96,10 @@ def _env(rig: SweepRig, url: str, tmp_path: Path, xpub: str, prefix: str) -> dic
     return env
 
 
+# About 15 `settle` processes, each importing the service (seconds apiece on a loaded
+# machine), a worker crediting 20 deposits and four sends following blocks to depth:
+# 1-3 minutes on a quiet machine, more with others' work running.
+@pytest.mark.timeout(900)
 def test_an_operator_sweeps_two_chains_with_the_commands_and_a_killed_send_resumes(
     database: str, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ from services.core.sweeps.models import (
     STALE,
     SUPERSEDED,
 )
-from services.core.sweeps.planning import make_plan
+from services.core.sweeps.planning import PlanError, make_plan
 from services.core.sweeps.sending import Sender, SendRefused
 from services.core.sweeps.signer import sign_plan
 from shared.db import Database
@@ -446,3 +446,10 @@ def test_reconcile_reports_a_sweep_left_unconfirmed(one: Chain1) -> None:
         sorted(d.kind for d in found if d.kind == rc.SWEEP_UNCONFIRMED)
         == [rc.SWEEP_UNCONFIRMED] * 3
     )
+
+
+def test_a_plan_never_sends_to_a_deposit_address_a_token_or_nowhere(one: Chain1) -> None:
+    for bad in (one.addresses[0], one.token, "0x" + "0" * 40):
+        with pytest.raises(PlanError, match=r"cannot receive|deposit address"):
+            one.plan(destination=bad)
+    assert one.statuses("") == []

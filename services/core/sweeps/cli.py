@@ -86,6 +86,7 @@ def plan(args: argparse.Namespace) -> int:
 
     from services.core.config import CoreConfig
     from services.core.deposits.pricing import PriceFeed, build_prices
+    from services.core.evm import ChainIdMismatch
     from services.core.sweeps.documents import canonical
     from services.core.sweeps.planning import PlanError, make_plan
     from services.core.sweeps.settings import SweepSettings
@@ -116,7 +117,7 @@ def plan(args: argparse.Namespace) -> int:
             all_addresses=args.all_addresses,
             created_by=args.by or _operator(),
         )
-    except PlanError as exc:
+    except (PlanError, ChainIdMismatch) as exc:
         return _refuse("plan", str(exc))
     finally:
         db.dispose()

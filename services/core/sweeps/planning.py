@@ -101,6 +101,11 @@ def make_plan(
     None when no address holds anything worth sweeping."""
     now = now or utcnow()
     destination = to_checksum_address(destination)
+    if int(destination, 16) == 0 or destination in {a.token_address for a in chain.assets}:
+        raise PlanError(f"{destination} cannot receive a sweep (the zero address or a token)")
+    with db.reader() as session:
+        if store.is_deposit_address(session, destination):
+            raise PlanError(f"{destination} is a deposit address: sweeps go to the treasury")
     served = io.chain_id()
     if served != chain.chain_id:
         raise ChainIdMismatch(f"the node serves chain {served}, not {chain.chain_id}")

@@ -67,6 +67,14 @@ def candidates(session: Session, chain_id: int, *, all_addresses: bool) -> list[
     ]
 
 
+def is_deposit_address(session: Session, address: str) -> bool:
+    """Whether `address` (EIP-55) is any account's deposit address, on any chain."""
+    found = session.scalar(
+        sa.select(sa.literal(1)).where(DepositAddress.address == address).limit(1)
+    )
+    return found is not None
+
+
 def in_flight(session: Session, chain_id: int, addresses: Iterable[str]) -> dict[str, str]:
     """{address: plan id} of sweeps signed or sent and not final, on these addresses."""
     rows = session.execute(
