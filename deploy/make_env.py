@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out} (mode 0600): {', '.join(SECRETS)} generated", file=sys.stderr)
     if not args.xpub:
         print(
-            "SETTLE_DEPOSIT_XPUB is still empty: run `settle keys xpub --xprv-out FILE` "
+            "SETTLE_DEPOSIT_XPUB is still empty: run `settle keys new --out FILE` "
             "and put the xpub it prints there",
             file=sys.stderr,
         )
