@@ -98,9 +98,9 @@ def test_the_readme_compose_path_ends_with_a_working_api_key(database: str, tmp_
     with SettleProcesses({}, tmp_path) as procs:
         for line in lines:
             argv = shlex.split(line)
-            if "settle keys xpub" in line:
+            if "settle keys new" in line:
                 values["SETTLE_DEPOSIT_XPUB"] = json.loads(bash(line, folder, shell))["xpub"]
-                assert (folder / "deposit-xprv.json").exists()
+                assert (folder / "deposit-key.json").exists()
             elif line.startswith("python3 deploy/make_env.py"):
                 # The xpub the line before printed, where the README writes `xpub...`
                 assert " --xpub xpub..." in line
