@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "api-keys": ("services.core.cli", "API keys"),
     "members": ("services.core.cli", "portal members"),
     "db": ("services.core.cli", "database"),
+    "audit": ("services.core.cli", "the audit log"),
     "core": ("services.core.cli", "core processes"),
     "deposits": ("services.core.deposits.cli", "ops actions on deposits"),
     "notifier": ("services.notifier.cli", "notifier processes"),

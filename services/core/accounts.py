@@ -33,6 +33,7 @@ from services.core.models import (
 from services.core.outbox_wakeup import wake_relay
 from shared import events
 from shared.api import Page, keyset_page
+from shared.audit.log import Change, Recorder
 from shared.db import Database, DriverStatement, after_fork_in_child
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
@@ -614,8 +615,11 @@ def update_destination(
     api_key_id: str | None,
     member_id: str | None = None,
     now: datetime | None = None,
+    audit: Recorder | None = None,
 ) -> dict[str, Any]:
     """Re-point an account and emit `deposit.account.destination_updated`; the document.
+
+    With `audit`, the change is recorded too (the destination before and after).
 
     The event names who acted: `apiKeyId` for a key; for a portal member `apiKeyId`
     is null and `memberId` names the member.
@@ -643,4 +647,21 @@ def update_destination(
     if member_id is not None:
         data["memberId"] = member_id
     outbox.emit(session, events.ACCOUNT_DESTINATION_UPDATED, tenant_id, data)
+    if audit is not None:
+        audit(
+            session,
+            Change(
+                "deposit_account.destination_updated",
+                "deposit_account",
+                account.id,
+                before={
+                    "externalUserId": account.external_user_id,
+                    "destination": prior.document(),
+                },
+                after={
+                    "externalUserId": account.external_user_id,
+                    "destination": destination.document(),
+                },
+            ),
+        )
     return document

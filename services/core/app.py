@@ -29,6 +29,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
     from services.core.api import (
         accounts,
         api_keys,
+        audit,
         chains,
         deposits,
         event_types,
@@ -56,6 +57,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         api_keys,
         members,
         portal_links,
+        audit,
     ):
         api.register_blueprint(module.blp)
     # The portal's pages at /portal/ (static; they call the JSON APIs) and / redirecting there.

@@ -9,6 +9,8 @@ from services import output
 from services.core.api_keys import revoke_key
 from services.core.config import CoreConfig
 from shared import components, migrate
+from shared.audit.changes import key_created, key_revoked, member_added
+from shared.audit.log import Actor, Change, record
 from shared.db import Database
 from shared.errors import ApiError
 from shared.identity import service as identity
@@ -29,6 +31,10 @@ def _identity_db() -> Database:
 def tenants_create(args: argparse.Namespace) -> int:
     with _identity_db().transaction() as session:
         tenant, issued = identity.create_tenant(session, args.name, sandbox=args.sandbox)
+        after = {"name": tenant.name, "sandbox": tenant.sandbox}
+        ops = Actor.ops()
+        record(session, tenant.id, Change("tenant.created", "tenant", tenant.id, after=after), ops)
+        record(session, tenant.id, key_created(issued.record), ops)
         _print({"tenantId": tenant.id, "apiKey": issued.api_key, "apiKeyId": issued.record.id})
     return 0
 
@@ -36,6 +42,7 @@ def tenants_create(args: argparse.Namespace) -> int:
 def api_keys_create(args: argparse.Namespace) -> int:
     with _identity_db().transaction() as session:
         issued = identity.create_api_key(session, args.tenant, args.scope or SCOPES)
+        record(session, args.tenant, key_created(issued.record), Actor.ops())
         _print(
             {"apiKey": issued.api_key, "apiKeyId": issued.record.id, "scopes": issued.record.scopes}
         )
@@ -45,8 +52,11 @@ def api_keys_create(args: argparse.Namespace) -> int:
 def api_keys_revoke(args: argparse.Namespace) -> int:
     # Identity lives in core's database, so the key and its event commit together.
     config = CoreConfig.from_env()
+    log = Database(config.identity_database_url, pool_size=1)
     with Database(config.database_url, pool_size=1).transaction() as session:
         key, newly = revoke_key(session, args.key_id)
+        if newly:
+            record(session, key.tenant_id, key_revoked(key), Actor.ops(), log=log)
         assert key.revoked_at is not None
         _print({"apiKeyId": key.id, "revokedAt": iso_ms(key.revoked_at), "changed": newly})
     return 0
@@ -56,6 +66,7 @@ def members_add(args: argparse.Namespace) -> int:
     password = sys.stdin.readline().rstrip("\r\n")
     with _identity_db().transaction() as session:
         member = identity.add_member(session, args.tenant, args.email, args.role, password)
+        record(session, member.tenant_id, member_added(member), Actor.ops())
         _print(
             {
                 "memberId": member.id,
@@ -65,6 +76,34 @@ def members_add(args: argparse.Namespace) -> int:
             }
         )
     return 0
+
+
+def audit_verify(args: argparse.Namespace) -> int:
+    """Check every tenant's audit chain; exit 1 naming the first bad entry."""
+    import json
+
+    from shared.audit.chain import Head
+    from shared.audit.log import verify
+
+    anchors: list[Head] = []
+    if args.anchor:
+        with open(args.anchor, encoding="utf-8") as anchor_file:
+            printed = json.load(anchor_file)
+        anchors = [Head(h["tenantId"], int(h["sequence"]), h["hash"]) for h in printed["heads"]]
+    db = _identity_db()
+    try:
+        found = verify(db, anchors=anchors)
+    finally:
+        db.dispose()
+    _print(found.document())
+    if found.ok:
+        return 0
+    for bad in found.breaks:
+        sys.stderr.write(
+            f"audit verify: tenant {bad.tenant_id}: entry {bad.id or '-'} (sequence "
+            f"{bad.sequence}): {bad.reason}\n"
+        )
+    return 1
 
 
 def db_upgrade(args: argparse.Namespace) -> int:
@@ -156,6 +195,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--email", required=True)
     p.add_argument("--role", required=True, choices=["viewer", "developer", "admin", "owner"])
     p.set_defaults(func=_guard(members_add))
+
+    audit = sub.add_parser("audit", help="the audit log").add_subparsers(
+        dest="action", required=True
+    )
+    p = audit.add_parser(
+        "verify",
+        help="prove every tenant's hash chain unbroken; exit 1 naming the first bad entry",
+    )
+    p.add_argument(
+        "--anchor",
+        metavar="FILE",
+        help="the output of an earlier run, kept elsewhere: its heads must still be there",
+    )
+    p.set_defaults(func=audit_verify)
 
     db = sub.add_parser("db", help="database").add_subparsers(dest="action", required=True)
     db.add_parser("upgrade", help="apply all migrations").set_defaults(func=db_upgrade)

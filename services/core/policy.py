@@ -16,6 +16,7 @@ from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
 from services.core.models import DestinationPolicy
 from shared.api import field_error
+from shared.audit.log import Change, Recorder
 from shared.db import Database
 from shared.timefmt import utcnow
 
@@ -32,6 +33,10 @@ class Policy:
     venue: str | None
     created_at: datetime
     updated_at: datetime
+
+    def audited(self) -> dict[str, object]:
+        """What the audit log keeps of it."""
+        return {"destination": self.destination.document(), "venue": self.venue}
 
 
 def _policy(row: DestinationPolicy) -> Policy:
@@ -54,8 +59,13 @@ def put_policy(
     venue: str | None,
     *,
     now: datetime | None = None,
+    audit: Recorder | None = None,
 ) -> Policy:
-    """Create or replace the tenant's policy in one statement (safe under concurrent PUTs)."""
+    """Create or replace the tenant's policy in one statement (safe under concurrent PUTs).
+
+    With `audit`, the change is recorded (the policy before and after) in the same
+    transaction; the policy row is locked first so `before` is the one replaced.
+    """
     validate_destination(registry, destination)
     if venue is not None and len(venue) > VENUE_MAX:
         raise field_error("venue", f"at most {VENUE_MAX} characters")
@@ -79,5 +89,21 @@ def put_policy(
         .returning(DestinationPolicy)
     )
     with db.transaction() as session:
+        prior = None
+        if audit is not None:
+            row = session.get(DestinationPolicy, tenant_id, with_for_update=True)
+            prior = None if row is None else _policy(row).audited()
         row = session.scalars(statement, execution_options={"populate_existing": True}).one()
-        return _policy(row)
+        policy = _policy(row)
+        if audit is not None:
+            audit(
+                session,
+                Change(
+                    "destination_policy.updated",
+                    "destination_policy",
+                    tenant_id,
+                    before=prior,
+                    after=policy.audited(),
+                ),
+            )
+        return policy

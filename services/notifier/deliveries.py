@@ -32,6 +32,7 @@ from services.notifier.models import (
 from services.notifier.webhook_endpoints import is_plausible_id
 from shared import event_catalog, events
 from shared.api import Page, field_error, keyset_page
+from shared.audit.log import Change
 from shared.db import Database, adopt, database_of, driver_connection
 from shared.errors import Conflict, NotFound
 from shared.logs import plausible_request_id
@@ -198,6 +199,16 @@ def replay(
     )
     (delivery,) = fanout.create_deliveries(session, [row])
     return delivery
+
+
+def replayed(delivery: Delivery) -> Change:
+    """The audit log's entry of a replay: the delivery replayed, and the new one."""
+    after = {
+        "deliveryId": delivery.id,
+        "eventId": delivery.event_id,
+        "eventType": delivery.event_type,
+    }
+    return Change("webhook_delivery.replayed", "webhook_delivery", delivery.replay_of, None, after)
 
 
 def recover(

@@ -27,6 +27,7 @@ from services.notifier.api.schemas import (
 from services.notifier.config import NotifierConfig
 from services.notifier.context import NotifierContext
 from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED, PENDING
+from shared.audit.log import Actor, Change, record
 from shared.errors import ApiError
 from shared.events import EVENT_TYPES
 from shared.timefmt import parse_iso, utcnow
@@ -85,6 +86,8 @@ def deliveries_show(ctx: NotifierContext, args: argparse.Namespace) -> int:
 def deliveries_replay(ctx: NotifierContext, args: argparse.Namespace) -> int:
     with ctx.db.transaction() as session:
         delivery = deliveries.replay(session, args.tenant, args.delivery_id)
+        change = deliveries.replayed(delivery)
+        record(session, delivery.tenant_id, change, Actor.ops(), log=ctx.identity_db)
     ctx.hand_off([delivery.id])
     config = ctx.config
     # The delivery is committed as due now; a worker (or, without a broker reachable from
@@ -142,10 +145,15 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
             endpoint = webhook_endpoints.get_endpoint(
                 session, args.tenant, args.endpoint_id, for_update=True
             )
-            was = endpoint.status
+            was, before = endpoint.status, webhook_endpoints.audited(endpoint)
             webhook_endpoints.set_status(endpoint, status)
             endpoint.updated_at = now
             to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
+            after = webhook_endpoints.audited(endpoint)
+            change = Change(
+                "webhook_endpoint.updated", "webhook_endpoint", endpoint.id, before, after
+            )
+            record(session, endpoint.tenant_id, change, Actor.ops(), log=ctx.identity_db)
             out = endpoint_out(endpoint, now)
         ctx.hand_off(to_send)
         _print(EndpointEnvelopeSchema(), {"webhook_endpoint": out})

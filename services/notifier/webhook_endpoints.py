@@ -221,6 +221,19 @@ def update_endpoint(
     return endpoint
 
 
+def audited(endpoint: Endpoint) -> dict[str, object]:
+    """What the audit log keeps of an endpoint (never a secret)."""
+    rate = endpoint.rate_limit_per_second
+    return {
+        "name": endpoint.name,
+        "url": endpoint.url,
+        "eventTypes": list(endpoint.event_types),
+        "status": endpoint.status,
+        # As text: the log's canonical form has no floats (shared/audit/chain.py).
+        "rateLimitPerSecond": None if rate is None else repr(rate),
+    }
+
+
 def set_status(endpoint: Endpoint, status: str, *, reason: str = DISABLED_MANUAL) -> None:
     """Enable or disable. Enabling forgets the failure streak that may have disabled it."""
     if status == ENABLED:

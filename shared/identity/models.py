@@ -1,11 +1,13 @@
-"""Identity tables: tenants, API keys, portal members, sessions.
+"""Identity tables: tenants, API keys, portal members, sessions, second factors, audit log.
 
-They live in core's database; the notifier reads them (SETTLE_IDENTITY_DATABASE_URL).
+They live in core's database; the notifier reads them (SETTLE_IDENTITY_DATABASE_URL)
+and appends to the audit log (`audit_events`, shared/audit/).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -30,6 +32,7 @@ SCOPES: tuple[str, ...] = (
     "portal:write",
     "api_keys:write",
     "members:write",
+    "audit:read",
 )
 
 #: The lowest role whose session may do what a key with each scope may do. A viewer
@@ -49,6 +52,8 @@ SCOPE_ROLES: dict[str, str] = {
     "portal:write": "admin",
     "api_keys:write": "admin",
     "members:write": "admin",
+    # Who did what to the tenant: admins and owners read it.
+    "audit:read": "admin",
 }
 
 #: What a session opened by a portal link may do: the webhook pages, nothing else.
@@ -78,6 +83,8 @@ class Tenant(IdentityBase):
     name: Mapped[str] = mapped_column(sa.String(200))
     sandbox: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: Every member must sign in with a second factor (an owner's choice).
+    require_mfa: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
 
 
 class ApiKey(IdentityBase):
@@ -106,6 +113,33 @@ class Member(IdentityBase):
     password_hash: Mapped[str] = mapped_column(sa.String(255))
     role: Mapped[str] = mapped_column(sa.String(20))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: The TOTP secret (encrypted, shared/identity/mfa.py) once enrolment is confirmed.
+    totp_secret: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    totp_enabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: The time step of the last code accepted: a code is good once (no replay in its window).
+    totp_last_step: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    #: An enrolment started and not yet confirmed with a code (encrypted), and when.
+    totp_pending_secret: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    totp_pending_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    @property
+    def mfa_enabled(self) -> bool:
+        return self.totp_secret is not None
+
+
+class RecoveryCode(IdentityBase):
+    """One of a member's one-time recovery codes (for a lost authenticator), hashed."""
+
+    __tablename__ = "recovery_codes"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    member_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("members.id", ondelete="CASCADE"), index=True
+    )
+    #: SHA-256 of the normalized code (80 random bits: a fast hash is enough).
+    code_hash: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class PortalLink(IdentityBase):
@@ -152,3 +186,42 @@ class PortalSession(IdentityBase):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: When this session last gave a factor: the password or a code (signing in, or a
+    #: step-up), or a portal link's token. Sensitive changes need it recent (step-up).
+    factor_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AuditEvent(IdentityBase):
+    """One entry of a tenant's audit log: who changed what, when, from where.
+
+    Append-only (a trigger refuses UPDATE, DELETE and TRUNCATE) and chained: `hash` is
+    the SHA-256 of the entry's canonical form, which includes `prev_hash`, the hash of
+    the tenant's entry before it (shared/audit/chain.py).
+    """
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        sa.UniqueConstraint("tenant_id", "sequence", name="uq_audit_events_tenant_sequence"),
+        sa.Index("ix_audit_events_tenant_actor", "tenant_id", "actor_id", "sequence"),
+        sa.Index("ix_audit_events_tenant_action", "tenant_id", "action", "sequence"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id"))
+    #: Position in the tenant's chain: 1, 2, 3 ... without gaps.
+    sequence: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    action: Mapped[str] = mapped_column(sa.String(64))
+    #: api_key, member, portal_link, ops or anonymous (a failed sign-in).
+    actor_type: Mapped[str] = mapped_column(sa.String(20))
+    actor_id: Mapped[str | None] = mapped_column(sa.String(200), nullable=True)
+    #: What people read: a member's email, ops' OS user and host.
+    actor_name: Mapped[str | None] = mapped_column(sa.String(320), nullable=True)
+    target_type: Mapped[str] = mapped_column(sa.String(40))
+    target_id: Mapped[str | None] = mapped_column(sa.String(300), nullable=True)
+    before: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    after: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    ip: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(sa.String(128), nullable=True)
+    prev_hash: Mapped[str] = mapped_column(sa.String(64))
+    hash: Mapped[str] = mapped_column(sa.String(64))

@@ -227,8 +227,10 @@ def get_member(session: Session, tenant_id: str, member_id: str, *, lock: bool =
     return member
 
 
-def change_role(session: Session, actor: Principal, member_id: str, role: str) -> Member:
-    """Give a member of the actor's tenant another role.
+def change_role(
+    session: Session, actor: Principal, member_id: str, role: str
+) -> tuple[Member, str]:
+    """Give a member of the actor's tenant another role; (the member, the role it had).
 
     The actor must be allowed both the member's current role and the new one (an
     admin neither makes nor unmakes an owner), and a tenant keeps at least one owner.
@@ -241,13 +243,13 @@ def change_role(session: Session, actor: Principal, member_id: str, role: str) -
     _may_handle(actor, role)
     if member.role == "owner" and role != "owner":
         _keep_an_owner(session, actor.tenant_id)
-    member.role = role
+    before, member.role = member.role, role
     session.flush()
-    return member
+    return member, before
 
 
-def remove_member(session: Session, actor: Principal, member_id: str) -> None:
-    """Remove a member of the actor's tenant and end their sessions at once."""
+def remove_member(session: Session, actor: Principal, member_id: str) -> Member:
+    """Remove a member of the actor's tenant and end their sessions at once; the member."""
     actor = _lock_tenant(session, actor)
     member = get_member(session, actor.tenant_id, member_id, lock=True)
     _may_handle(actor, member.role)
@@ -256,6 +258,7 @@ def remove_member(session: Session, actor: Principal, member_id: str) -> None:
     session.execute(sa.delete(PortalSession).where(PortalSession.member_id == member.id))
     session.delete(member)
     session.flush()
+    return member
 
 
 def grant_member(

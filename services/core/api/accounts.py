@@ -21,6 +21,7 @@ from services.core.api.schemas import (
 from services.core.context import core
 from services.core.models import IdempotencyRecord
 from shared.api import Address, Blueprint, ErrorSchema, ListArgs, Schema
+from shared.audit.log import record_request
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 
@@ -165,5 +166,6 @@ class DepositAccountDestination(MethodView):
                 args["destination"],
                 api_key_id=principal.api_key_id,
                 member_id=principal.member_id,
+                audit=record_request,
             )
         return json_response({"depositAccount": document})

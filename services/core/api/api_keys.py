@@ -13,6 +13,8 @@ from services.core.api_keys import revoke_key
 from services.core.context import core
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, Timestamp
+from shared.audit.changes import key_created, key_revoked
+from shared.audit.log import record_request
 from shared.errors import Forbidden
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
@@ -121,6 +123,7 @@ class ApiKeys(MethodView):
             issued = identity.create_api_key(
                 session, principal.tenant_id, args["scopes"], name=args["name"]
             )
+            record_request(session, key_created(issued.record))
             body = {"apiKey": key_document(issued.record), "secret": issued.api_key}
         return json_response(body)
 
@@ -138,5 +141,7 @@ class OneApiKey(MethodView):
         tenant_id = auth.current_principal().tenant_id
         # Core's database: the key and its outbox event commit together.
         with core().db.transaction() as session:
-            revoke_key(session, apiKeyId, tenant_id=tenant_id)
+            key, newly = revoke_key(session, apiKeyId, tenant_id=tenant_id)
+            if newly:
+                record_request(session, key_revoked(key))
         return Response(status=204)

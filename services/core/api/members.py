@@ -12,6 +12,8 @@ from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printab
 from services.core.api.sessions import PASSWORD_MAX, unicode_text
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, Timestamp
+from shared.audit.changes import member_added
+from shared.audit.log import Change, record_request
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth
 from shared.identity import service as identity
@@ -111,6 +113,7 @@ class Members(MethodView):
             member = identity.grant_member(
                 session, principal, args["email"], args["role"], args["password"]
             )
+            record_request(session, member_added(member))
             body = member_document(member)
         return json_response({"member": body})
 
@@ -129,7 +132,17 @@ class OneMember(MethodView):
         """Change a member's role; it applies to their next request."""
         principal = auth.current_principal()
         with auth.identity_db().transaction() as session:
-            member = identity.change_role(session, principal, memberId, args["role"])
+            member, before = identity.change_role(session, principal, memberId, args["role"])
+            record_request(
+                session,
+                Change(
+                    "member.role_changed",
+                    "member",
+                    member.id,
+                    before={"email": member.email, "role": before},
+                    after={"email": member.email, "role": member.role},
+                ),
+            )
             body = member_document(member)
         return json_response({"member": body})
 
@@ -142,5 +155,14 @@ class OneMember(MethodView):
         """Remove a member; their sessions end at once."""
         principal = auth.current_principal()
         with auth.identity_db().transaction() as session:
-            identity.remove_member(session, principal, memberId)
+            removed = identity.remove_member(session, principal, memberId)
+            record_request(
+                session,
+                Change(
+                    "member.removed",
+                    "member",
+                    removed.id,
+                    before={"email": removed.email, "role": removed.role},
+                ),
+            )
         return Response(status=204)

@@ -16,6 +16,7 @@ from services.core.context import core
 from services.core.destinations import Destination
 from services.core.policy import VENUE_MAX, Policy, get_policy, put_policy
 from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
+from shared.audit.log import record_request
 from shared.identity import auth
 
 blp = Blueprint(
@@ -62,7 +63,7 @@ def _write(tenant_id: str, args: dict[str, Any]) -> dict[str, Policy]:
     destination: Destination = args["destination"]
     return {
         "destination_policy": put_policy(
-            ctx.db, ctx.registry, tenant_id, destination, args["venue"]
+            ctx.db, ctx.registry, tenant_id, destination, args["venue"], audit=record_request
         )
     }
 

@@ -13,6 +13,7 @@ from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response
 from services.core.context import core
 from services.core.models import IdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, Schema, StrictInteger, Timestamp
+from shared.audit.log import Change, record_request
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth, portal_links
 from shared.identity.models import LINK_ROLES
@@ -88,6 +89,18 @@ class PortalLinks(MethodView):
         ttl = timedelta(seconds=args["expires_in_seconds"])
         with auth.identity_db().transaction() as session:
             issued = portal_links.create_link(session, principal, args["role"], ttl)
+            record_request(
+                session,
+                Change(
+                    "portal_link.created",
+                    "portal_link",
+                    issued.record.id,
+                    after={
+                        "role": issued.record.role,
+                        "expiresAt": iso_ms(issued.record.expires_at),
+                    },
+                ),
+            )
             body = {
                 "id": issued.record.id,
                 "url": f"{_base_url()}{LINK_PATH}{issued.token}",

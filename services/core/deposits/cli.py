@@ -45,11 +45,13 @@ def build_ops() -> Ops:
     # The payers the worker has: an in-flight hot-wallet payment is checked on its chain
     # before ops may resolve the deposit by hand.
     payers = build_payers(registry, config.rpc_urls, config.deposits)
+    separate_log = config.identity_database_url != config.database_url
     return Ops(
         Database(config.database_url, pool_size=1),
         registry,
         Settlement(registry, payers=payers),
         config.deposits,
+        audit_log=Database(config.identity_database_url, pool_size=1) if separate_log else None,
     )
 
 

@@ -24,6 +24,7 @@ from services.core.deposits.queries import DEPOSIT_ID
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import MANUAL, EvmPayer, Settlement
 from services.core.fees import fee_for
+from shared.audit.log import Actor, Change, record
 from shared.db import Database
 from shared.errors import Conflict, NotFound
 from shared.timefmt import utcnow
@@ -32,7 +33,11 @@ Clock = Callable[[], datetime]
 
 
 class Ops:
-    """Manual credits and failures."""
+    """Manual credits and failures, each recorded in the tenant's audit log (actor `ops`).
+
+    `audit_log`: the identity database when it is not `db` (None: the same database, so
+    the entry commits with the change).
+    """
 
     def __init__(
         self,
@@ -42,8 +47,10 @@ class Ops:
         settings: PipelineSettings,
         *,
         clock: Clock = utcnow,
+        audit_log: Database | None = None,
     ) -> None:
         self.db = db
+        self.audit_log = audit_log
         self.registry = registry
         self.settlement = settlement
         self.settings = settings
@@ -155,6 +162,7 @@ class Ops:
                 raise NotFound(f"no deposit {deposit_id}")
             self._allowed(deposit, now)
             self._payment_allows(session, deposit, tx_hash)
+            before = {"status": deposit.status}
             if not states.can_transition(deposit.status, states.CREDITED):
                 raise Conflict(
                     f"deposit {deposit_id} is {deposit.status}: its source is not confirmed, "
@@ -179,6 +187,9 @@ class Ops:
                 ops_at=now,
                 settle_phase=None,
             )
+            after = {"status": deposit.status, "creditTxHash": tx_hash, "reason": reason}
+            change = Change("deposit.credited_by_ops", "deposit", deposit.id, before, after)
+            record(session, deposit.tenant_id, change, Actor.ops(by), log=self.audit_log)
             return deposit
 
     def fail(self, deposit_id: str, reason: str, *, by: str) -> Deposit:
@@ -192,6 +203,7 @@ class Ops:
                 raise NotFound(f"no deposit {deposit_id}")
             self._allowed(deposit, now)
             self._payment_allows(session, deposit, None)
+            before = {"status": deposit.status}
             payments.resolve(session, deposit.id, payments.OPS, now)
             self.settlement.release(session, deposit, now)
             transitions.move(
@@ -204,4 +216,7 @@ class Ops:
                 ops_reason=reason,
                 ops_at=now,
             )
+            after = {"status": deposit.status, "failureReason": deposit.failure_reason}
+            change = Change("deposit.failed_by_ops", "deposit", deposit.id, before, after)
+            record(session, deposit.tenant_id, change, Actor.ops(by), log=self.audit_log)
             return deposit

@@ -23,6 +23,7 @@ from services.notifier.api.schemas import (
 from services.notifier.context import notifier
 from services.notifier.models import NotifierIdempotencyRecord
 from shared.api import Blueprint, ErrorSchema
+from shared.audit.log import record_request
 from shared.idempotency import idempotent
 from shared.identity import auth
 
@@ -96,5 +97,6 @@ class Replay(MethodView):
         ctx = notifier()
         with ctx.db.transaction() as session:
             delivery = deliveries.replay(session, tenant_id(), deliveryId)
+            record_request(session, deliveries.replayed(delivery))
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}

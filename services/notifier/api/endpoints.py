@@ -28,9 +28,10 @@ from services.notifier.api.schemas import (
 from services.notifier.context import notifier
 from services.notifier.models import NotifierIdempotencyRecord
 from shared.api import Blueprint, ErrorSchema, ListArgs
+from shared.audit.log import Change, record_request
 from shared.idempotency import idempotent
 from shared.identity import auth
-from shared.timefmt import utcnow
+from shared.timefmt import iso_ms, utcnow
 
 blp = Blueprint(
     "webhook_endpoints",
@@ -85,6 +86,11 @@ class WebhookEndpoints(MethodView):
                 rate_limit_per_second=args["rate_limit_per_second"],
                 now=now,
             )
+            after = webhook_endpoints.audited(endpoint)
+            record_request(
+                session,
+                Change("webhook_endpoint.created", "webhook_endpoint", endpoint.id, None, after),
+            )
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
 
 
@@ -112,7 +118,7 @@ class WebhookEndpoint(MethodView):
             endpoint = webhook_endpoints.get_endpoint(
                 session, tenant_id(), endpointId, for_update=True
             )
-            was = endpoint.status
+            was, before = endpoint.status, webhook_endpoints.audited(endpoint)
             webhook_endpoints.update_endpoint(
                 endpoint,
                 name=args.get("name"),
@@ -126,6 +132,11 @@ class WebhookEndpoint(MethodView):
                 now=now,
             )
             to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
+            after = webhook_endpoints.audited(endpoint)
+            record_request(
+                session,
+                Change("webhook_endpoint.updated", "webhook_endpoint", endpoint.id, before, after),
+            )
             out = endpoint_out(endpoint, now)
         ctx.hand_off(to_send)
         return {"webhook_endpoint": out}
@@ -139,7 +150,11 @@ class WebhookEndpoint(MethodView):
             endpoint = webhook_endpoints.get_endpoint(
                 session, tenant_id(), endpointId, for_update=True
             )
+            before = webhook_endpoints.audited(endpoint)
             webhook_endpoints.delete_endpoint(session, endpoint)
+            record_request(
+                session, Change("webhook_endpoint.deleted", "webhook_endpoint", endpoint.id, before)
+            )
 
 
 @blp.route("/webhook-endpoints/<endpointId>/rotate-secret")
@@ -165,6 +180,15 @@ class RotateSecret(MethodView):
                 ctx.secret_box,
                 previous_expires_in_s=args["previous_secret_expires_in_seconds"],
                 now=now,
+            )
+            expires = endpoint.previous_secret_expires_at
+            # Never a secret: when the one rotated out stops signing.
+            after = {"previousSecretExpiresAt": None if expires is None else iso_ms(expires)}
+            record_request(
+                session,
+                Change(
+                    "webhook_endpoint.secret_rotated", "webhook_endpoint", endpoint.id, None, after
+                ),
             )
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
 
@@ -194,6 +218,17 @@ class SendTest(MethodView):
             delivery = deliveries.send_test(
                 session, tenant_id(), endpointId, example_of=args["event_type"]
             )
+            after = {"deliveryId": delivery.id, "eventType": delivery.event_type}
+            record_request(
+                session,
+                Change(
+                    "webhook_endpoint.test_sent",
+                    "webhook_endpoint",
+                    delivery.endpoint_id,
+                    None,
+                    after,
+                ),
+            )
         ctx.hand_off([delivery.id])
         return {"webhook_delivery": delivery}
 
@@ -222,6 +257,16 @@ class Recover(MethodView):
         with ctx.db.transaction() as session:
             made = deliveries.recover(
                 session, tenant_id(), endpointId, since=args["since"], until=args["until"]
+            )
+            until = args["until"]
+            after = {
+                "since": iso_ms(args["since"]),
+                "until": None if until is None else iso_ms(until),
+                "deliveries": len(made),
+            }
+            record_request(
+                session,
+                Change("webhook_endpoint.recovered", "webhook_endpoint", endpointId, None, after),
             )
         ctx.hand_off([d.id for d in made])
         return {"webhook_deliveries": made}
