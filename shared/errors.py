@@ -57,8 +57,26 @@ class Unauthorized(ApiError):
     status, code = 401, "unauthorized"
 
 
+class MfaRequired(Unauthorized):
+    """The password was right; the member signs in with a second factor: send `code`."""
+
+    status, code = 401, "mfa_required"
+
+
 class InsufficientScope(ApiError):
     status, code = 403, "insufficient_scope"
+
+
+class StepUpRequired(ApiError):
+    """A sensitive change on a session whose last password or code is older than 5 minutes."""
+
+    status, code = 403, "step_up_required"
+
+
+class MfaEnrolmentRequired(ApiError):
+    """The tenant requires a second factor and this member has none yet."""
+
+    status, code = 403, "mfa_enrolment_required"
 
 
 class Forbidden(ApiError):

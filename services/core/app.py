@@ -35,6 +35,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         event_types,
         fee_preview,
         members,
+        mfa,
         policy,
         portal_links,
         sandbox,
@@ -58,6 +59,7 @@ def create_app(config: CoreConfig | None = None, *, context: CoreContext | None 
         members,
         portal_links,
         audit,
+        mfa,
     ):
         api.register_blueprint(module.blp)
     # The portal's pages at /portal/ (static; they call the JSON APIs) and / redirecting there.

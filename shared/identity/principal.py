@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from shared.identity.models import LINK_SCOPES, role_at_least, role_scopes
 
@@ -28,6 +29,8 @@ class Principal:
     role: str | None = None
     session_id: str | None = None
     link_id: str | None = None
+    #: When the session last gave a password, a code or a link's token (step-up).
+    factor_at: datetime | None = None
 
     @property
     def actor_id(self) -> str:

@@ -14,9 +14,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from shared.api import Page, keyset_page
+from shared.api import Page, field_error, keyset_page
 from shared.db import Database
-from shared.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from shared.errors import Conflict, Forbidden, InvalidRequest, MfaRequired, NotFound, Unauthorized
+from shared.identity import mfa
 from shared.identity.models import (
     ROLES,
     SCOPES,
@@ -36,6 +37,7 @@ from shared.identity.secrets import (
     token_hash,
 )
 from shared.ids import new_id
+from shared.secretbox import SecretBox
 from shared.timefmt import utcnow
 
 #: How long a portal session lasts without signing in again.
@@ -59,6 +61,8 @@ class IssuedSession:
     record: PortalSession
     #: None for a session a portal link opened.
     member: Member | None
+    #: The second factor signing in used (mfa.TOTP, mfa.RECOVERY_CODE), if any.
+    second_factor: str | None = None
 
 
 def check_scopes(scopes: Iterable[str]) -> list[str]:
@@ -302,21 +306,104 @@ def _keep_an_owner(session: Session, tenant_id: str) -> None:
         raise Conflict("a tenant keeps at least one owner; make another owner first")
 
 
+class SignInRefused(Unauthorized):
+    """A refused sign-in or step-up, saying whose (when known) and why, for the audit log.
+
+    `reason`: wrong_password, wrong_code, code_reused. The message a client reads does
+    not tell an unknown email from a wrong password.
+    """
+
+    def __init__(self, message: str, member: Member | None, reason: str) -> None:
+        super().__init__(message)
+        self.member_id = member.id if member else None
+        self.tenant_id = member.tenant_id if member else None
+        self.reason = reason
+
+
 def sign_in(
-    session: Session, email: str, password: str, *, now: datetime | None = None
+    session: Session,
+    email: str,
+    password: str,
+    *,
+    code: str | None = None,
+    box: SecretBox | None = None,
+    now: datetime | None = None,
 ) -> IssuedSession:
-    """Check the password and open a session. The same 401 for every failure."""
+    """Check the password (and, for a member with a second factor, `code`) and open a
+    session. The same 401 for every wrong email or password; 401 `mfa_required` when
+    the password is right and a code is needed but missing.
+    """
     member = session.execute(
         sa.select(Member).where(Member.email == email.strip().lower())
     ).scalar_one_or_none()
     if not check_password(member.password_hash if member else None, password) or member is None:
-        raise Unauthorized("email or password is wrong")
-    return open_session(session, member, now=now)
+        raise SignInRefused("email or password is wrong", member, "wrong_password")
+    factor = second_factor(session, member, code, box, now=now)
+    return open_session(session, member, now=now, second_factor=factor)
 
 
-def open_session(session: Session, member: Member, *, now: datetime | None = None) -> IssuedSession:
-    """A new session for `member`, who has proven who they are."""
-    return issue_session(session, member.tenant_id, member=member, now=now)
+def second_factor(
+    session: Session,
+    member: Member,
+    code: str | None,
+    box: SecretBox | None,
+    *,
+    now: datetime | None = None,
+) -> str | None:
+    """The member's second factor checked and used up: its kind, or None when they have
+    none. Raises MfaRequired without a code, SignInRefused for a wrong or reused one."""
+    if not member.mfa_enabled:
+        return None
+    if not code:
+        raise MfaRequired(
+            "enter the code your authenticator app shows (or a recovery code) as `code`"
+        )
+    assert box is not None, "a member with a second factor needs the TOTP box"
+    checked = mfa.use_second_factor(session, member, box, code, now=now)
+    if not checked.ok:
+        assert checked.reason is not None
+        raise SignInRefused("the code is wrong or was used already", member, checked.reason)
+    return checked.used
+
+
+def step_up(
+    session: Session,
+    member: Member,
+    *,
+    password: str | None,
+    code: str | None,
+    box: SecretBox,
+    now: datetime | None = None,
+) -> str:
+    """Check the factor a signed-in member gives again; which one it was.
+
+    A member with two-factor sign-in steps up with a code (their password alone is what
+    a stolen cookie's thief may also have phished); others with their password.
+    """
+    if member.mfa_enabled:
+        if code is None:
+            raise MfaRequired("give a code from your authenticator app (or a recovery code)")
+        factor = second_factor(session, member, code, box, now=now)
+        assert factor is not None
+        return factor
+    if password is None:
+        raise field_error("code", "you have no second factor: give your password")
+    if not check_password(member.password_hash, password):
+        raise SignInRefused("the password is wrong", member, "wrong_password")
+    return "password"
+
+
+def open_session(
+    session: Session,
+    member: Member,
+    *,
+    now: datetime | None = None,
+    second_factor: str | None = None,
+) -> IssuedSession:
+    """A new session for `member`, who has proven who they are (just now: a step-up
+    is not asked for the next five minutes)."""
+    issued = issue_session(session, member.tenant_id, member=member, now=now)
+    return dataclasses.replace(issued, second_factor=second_factor)
 
 
 def issue_session(
@@ -341,6 +428,8 @@ def issue_session(
         portal_link_id=link.id if link else None,
         created_at=now,
         expires_at=now + ttl,
+        # A password (a member) or a one-time token (a link) was given just now.
+        factor_at=now,
     )
     session.add(record)
     session.flush()
@@ -362,6 +451,9 @@ class LiveSession:
     link_id: str | None
     role: str
     csrf_hash: str
+    factor_at: datetime | None
+    #: The tenant requires a second factor, and this member has none yet.
+    needs_enrolment: bool
 
 
 #: The session, its member (if any) and its tenant in one statement: one round trip.
@@ -375,6 +467,8 @@ _LIVE_SESSION = (
         PortalSession.portal_link_id,
         sa.func.coalesce(Member.role, PortalSession.role),
         PortalSession.csrf_hash,
+        PortalSession.factor_at,
+        sa.and_(Tenant.require_mfa, Member.id.is_not(None), Member.totp_secret.is_(None)),
     )
     .outerjoin(Member, Member.id == PortalSession.member_id)
     .join(Tenant, Tenant.id == PortalSession.tenant_id)
@@ -404,6 +498,15 @@ def authenticate_session(db: Database, token: str) -> LiveSession | None:
 
 def _could_be_session(token: str) -> bool:
     return token.startswith("sst_") and len(token) <= 200
+
+
+def stepped_up(session: Session, session_id: str, *, now: datetime | None = None) -> datetime:
+    """The session gave its password or a code now: sensitive changes for 5 minutes."""
+    now = now or utcnow()
+    session.execute(
+        sa.update(PortalSession).where(PortalSession.id == session_id).values(factor_at=now)
+    )
+    return now
 
 
 def end_session(session: Session, session_id: str) -> None:

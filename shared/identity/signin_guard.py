@@ -15,6 +15,8 @@ cap, counted from the last failure:
 | client address | 20 | 15 min | one address trying many accounts (credential stuffing) |
 | account | 20 | 60 s | many addresses against one account (not applied at an address |
 |  |  |  | the member signed in from within 30 days) |
+| account's codes | 5 | 15 min | guessing a second factor: only attempts that carry a code, |
+|  |  |  | from anywhere (whoever sends codes has the password already) |
 
 The lockout trade-off (docs/DECISIONS.md): the long waits fall on the pair and the
 address, which are the attacker's own; the member elsewhere is not slowed. The
@@ -78,6 +80,9 @@ class SignInLimits:
     client_cap_s: float = 15 * 60.0
     account_free: int = 20
     account_cap_s: float = 60.0
+    #: Attempts with a second-factor code, per account, from any address.
+    code_free: int = 5
+    code_cap_s: float = 15 * 60.0
     #: The first wait beyond the free failures; each further failure doubles it.
     first_wait_s: float = 1.0
     #: Failures are forgotten this long after the last one.
@@ -142,13 +147,19 @@ class SignInGuard:
         with self._outcomes_lock:
             self._outcomes[outcome] += 1
 
-    def throttles(self, email: str, client: str) -> list[Throttle]:
-        """The counters an attempt at `email` from `client` is charged to."""
+    def throttles(self, email: str, client: str, *, second_factor: bool = False) -> list[Throttle]:
+        """The counters an attempt at `email` from `client` is charged to (with
+        `second_factor`, an attempt carrying a code, also the account's code counter)."""
         limits, account, client = self.limits, _account(email), client_key(client)
 
         def counter(key: str, free: int, cap_s: float, unless: str | None = None) -> Throttle:
             return Throttle(key, free, limits.first_wait_s, cap_s, limits.forget_after_s, unless)
 
+        codes = (
+            [counter(f"signin:code:{account}", limits.code_free, limits.code_cap_s)]
+            if second_factor
+            else []
+        )
         return [
             counter(f"signin:pair:{account}:{client}", limits.pair_free, limits.pair_cap_s),
             # Neither a flood at one address (a NAT or VPN exit others share) nor one at
@@ -165,19 +176,29 @@ class SignInGuard:
                 limits.account_cap_s,
                 unless=self._known(account, client),
             ),
+            *codes,
         ]
 
     @staticmethod
     def _known(account: str, client: str) -> str:
         return f"signin:known:{account}:{client}"
 
-    def attempt(self, email: str, client: str, check: Callable[[], T]) -> T:
+    def attempt(
+        self, email: str, client: str, check: Callable[[], T], *, second_factor: bool = False
+    ) -> T:
         """`check()` (which raises Unauthorized for wrong credentials) if allowed now.
 
         Raises RateLimited (429) while a counter makes this attempt wait, and
         ServiceUnavailable (503) when the process is checking as many passwords as it may.
+        `second_factor`: the attempt carries a code (its own counter applies too). A
+        right password that still lacks its code (401 mfa_required) counts as a failure:
+        else whoever holds the password could reset the pair's count between guesses.
         """
-        throttles = self.throttles(email, client) if self.limits.throttle else []
+        throttles = (
+            self.throttles(email, client, second_factor=second_factor)
+            if self.limits.throttle
+            else []
+        )
         charged: tuple[str, ...] = ()
         if throttles:
             charge = self._store.charge(throttles)

@@ -51,6 +51,9 @@ def test_sign_in_read_and_sign_out(core_app: Flask, portal: Portal) -> None:
         "csrfToken",
         "createdAt",
         "expiresAt",
+        "mfaEnabled",
+        "mfaEnrolmentRequired",
+        "stepUpExpiresAt",
     }
     assert session["tenantId"] == portal.tenant.tenant_id
     assert session["email"] == portal.emails["developer"]

@@ -142,7 +142,7 @@ class DepositAccount(MethodView):
 
 @blp.route("/deposit-accounts/<path:externalUserId>/destination")
 class DepositAccountDestination(MethodView):
-    @auth.requires(blp, "deposit_accounts:write")
+    @auth.requires(blp, "deposit_accounts:write", step_up=True)
     @blp.arguments(DestinationChangeSchema)
     @blp.response(200, DepositAccountEnvelopeSchema)
     @_error(400)

@@ -101,7 +101,7 @@ class ApiKeys(MethodView):
             items = [key_document(k) for k in page.items]
         return json_response({"apiKeys": items, "nextCursor": page.next_cursor})
 
-    @auth.requires(blp, SCOPE)
+    @auth.requires(blp, SCOPE, step_up=True)
     @idempotent(IdempotencyRecord)
     @blp.arguments(ApiKeyCreateSchema)
     @blp.response(200, ApiKeyWithSecretSchema)

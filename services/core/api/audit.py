@@ -29,9 +29,6 @@ SCOPE = "audit:read"
 class AuditListArgs(ListArgs):
     """Filters of GET /v1/audit-events; every one given must match."""
 
-    class Meta:
-        unknown = ma.RAISE
-
     actor_id = ma.fields.String(
         validate=[ma.validate.Length(min=1, max=200), printable],
         metadata={
@@ -123,7 +120,8 @@ def event_document(event: AuditEvent) -> dict[str, Any]:
 @blp.route("/audit-events")
 class AuditEvents(MethodView):
     @auth.requires(blp, SCOPE)
-    @blp.arguments(AuditListArgs, location="query")
+    # Unknown parameters are refused: a misspelt filter would silently list everything.
+    @blp.arguments(AuditListArgs, location="query", unknown=ma.RAISE)
     @blp.response(200, AuditListSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
     def get(self, args: dict[str, Any]) -> Any:

@@ -120,7 +120,7 @@ class Members(MethodView):
 
 @blp.route("/members/<memberId>")
 class OneMember(MethodView):
-    @auth.requires(blp, SCOPE)
+    @auth.requires(blp, SCOPE, step_up=True)
     @blp.arguments(MemberPatchSchema)
     @blp.response(200, MemberEnvelopeSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])

@@ -81,7 +81,7 @@ class DestinationPolicy(MethodView):
         """Read the destination policy (null when none is configured)."""
         return _read(auth.current_principal().tenant_id)
 
-    @auth.requires(blp, "destination_policy:write")
+    @auth.requires(blp, "destination_policy:write", step_up=True)
     @blp.arguments(PolicyInSchema)
     @blp.response(200, PolicyEnvelopeSchema)
     @_errors
@@ -103,7 +103,7 @@ class TenantDestinationPolicy(MethodView):
         """Read the destination policy as a signed-in member (any role)."""
         return _read(auth.current_principal().tenant_id)
 
-    @auth.member(blp, "developer", tenant_arg="tenantId")
+    @auth.member(blp, "developer", tenant_arg="tenantId", step_up=True)
     @blp.arguments(PolicyInSchema)
     @blp.response(200, PolicyEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[404])

@@ -159,7 +159,7 @@ class WebhookEndpoint(MethodView):
 
 @blp.route("/webhook-endpoints/<endpointId>/rotate-secret")
 class RotateSecret(MethodView):
-    @auth.requires(blp, WRITE)
+    @auth.requires(blp, WRITE, step_up=True)
     @idempotent(NotifierIdempotencyRecord)
     @blp.arguments(RotateSecretSchema, required=False)
     @blp.response(200, EndpointWithSecretSchema)
