@@ -81,10 +81,10 @@ def check_recordable(value: Any, where: str = "value") -> None:
     raise TypeError(f"{where}: {type(value).__name__} cannot be recorded (no canonical form)")
 
 
-def canonical(entry: Entry, prev_hash: str | None = None) -> bytes:
-    """The bytes that are hashed (version 1, see the module's docstring)."""
-    document = {
-        "v": VERSION,
+def hashed_fields(entry: Entry) -> dict[str, Any]:
+    """The fields the hash covers, named as the API shows them (`createdAt` here with
+    microseconds: the API's `chainTime`)."""
+    return {
         "id": entry.id,
         "tenantId": entry.tenant_id,
         "sequence": entry.sequence,
@@ -96,16 +96,24 @@ def canonical(entry: Entry, prev_hash: str | None = None) -> bytes:
         "after": entry.after,
         "ip": entry.ip,
         "requestId": entry.request_id,
-        "prevHash": entry.prev_hash if prev_hash is None else prev_hash,
+        "prevHash": entry.prev_hash,
     }
+
+
+def canonical(entry: Entry) -> bytes:
+    """The bytes that are hashed (version 1, see the module's docstring)."""
     text = json.dumps(
-        document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        {"v": VERSION, **hashed_fields(entry)},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=False,
     )
     return text.encode("ascii")
 
 
-def entry_hash(entry: Entry, prev_hash: str | None = None) -> str:
-    return hashlib.sha256(canonical(entry, prev_hash)).hexdigest()
+def entry_hash(entry: Entry) -> str:
+    return hashlib.sha256(canonical(entry)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -148,38 +156,9 @@ def check_chain(entries: Iterable[Entry], anchor: Head | None = None) -> Iterato
     previous_hash, expected = GENESIS, 1
     last: Entry | None = None
     for entry in entries:
-        if anchor is not None and entry.sequence == anchor.sequence and entry.hash != anchor.hash:
-            yield Break(
-                entry.id,
-                entry.tenant_id,
-                entry.sequence,
-                "hash differs from the anchored head (the chain was rewritten from here or before)",
-            )
-            return
-        if entry.sequence != expected:
-            yield Break(
-                entry.id,
-                entry.tenant_id,
-                entry.sequence,
-                f"sequence {entry.sequence} where {expected} was next (an entry is missing "
-                "or was added)",
-            )
-            return
-        if entry.prev_hash != previous_hash:
-            yield Break(
-                entry.id,
-                entry.tenant_id,
-                entry.sequence,
-                "prevHash is not the hash of the entry before it",
-            )
-            return
-        if entry.hash != entry_hash(entry):
-            yield Break(
-                entry.id,
-                entry.tenant_id,
-                entry.sequence,
-                "hash does not match the entry's fields (it was edited)",
-            )
+        reason = _fault(entry, previous_hash, expected, anchor)
+        if reason is not None:
+            yield Break(entry.id, entry.tenant_id, entry.sequence, reason)
             return
         previous_hash, expected, last = entry.hash, expected + 1, entry
     if anchor is not None and (last is None or last.sequence < anchor.sequence):
@@ -190,6 +169,21 @@ def check_chain(entries: Iterable[Entry], anchor: Head | None = None) -> Iterato
             f"the chain ends before the anchored head (sequence {anchor.sequence}): entries "
             "were removed",
         )
-        return
-    if last is not None:
+    elif last is not None:
         yield Head(last.tenant_id, last.sequence, last.hash)
+
+
+def _fault(entry: Entry, previous_hash: str, expected: int, anchor: Head | None) -> str | None:
+    """Why `entry` does not check where it stands in its chain, or None."""
+    if anchor is not None and entry.sequence == anchor.sequence and entry.hash != anchor.hash:
+        return "hash differs from the anchored head (the chain was rewritten from here or before)"
+    if entry.sequence != expected:
+        return (
+            f"sequence {entry.sequence} where {expected} was next (an entry is missing or was "
+            "added)"
+        )
+    if entry.prev_hash != previous_hash:
+        return "prevHash is not the hash of the entry before it"
+    if entry.hash != entry_hash(entry):
+        return "hash does not match the entry's fields (it was edited)"
+    return None

@@ -32,12 +32,14 @@ PAGES = (
     "/events",
     "/keys",
     "/members",
+    "/audit",
+    "/security",
 )
 
 pytestmark = pytest.mark.browser
 
 #: Navigation each role sees (a portal link's session sees the webhook pages only).
-MEMBER_NAV = [
+BASE_NAV = [
     "Overview",
     "Deposits",
     "Statements",
@@ -47,7 +49,8 @@ MEMBER_NAV = [
     "Deliveries",
     "Event catalog",
 ]
-ADMIN_NAV = [*MEMBER_NAV, "API keys", "Members"]
+MEMBER_NAV = [*BASE_NAV, "Security"]
+ADMIN_NAV = [*BASE_NAV, "API keys", "Members", "Audit log", "Security"]
 LINK_NAV = ["Endpoints", "Deliveries", "Event catalog"]
 #: USDC on Base to a plain wallet.
 DESTINATION = {
@@ -224,6 +227,10 @@ def test_rotate_a_secret_with_an_overlap(page: Any, portal: Portal, receiver: Re
     # When the developer rotates, keeping the old secret for an hour
     page.get_by_label("Keep the old secret valid for").select_option("3600")
     page.get_by_role("button", name="Rotate secret").click()
+    # (a dialog shows the change first: signed in just now, no password is asked)
+    dialog = page.get_by_role("dialog", name="Rotate the signing secret")
+    assert dialog.get_by_label("Your password").is_hidden()
+    dialog.get_by_role("button", name="Rotate secret").click()
     new = page.get_by_label("New signing secret").input_value()
     # Then a new secret is shown, the old one still signs for an hour, and both sign
     assert new.startswith("whsec_") and new != old
@@ -381,6 +388,7 @@ def test_change_an_accounts_destination(page: Any, portal: Portal) -> None:
     change.get_by_label("Chain").select_option("137")
     change.get_by_label("Wallet address").fill(NEW_WALLET)
     change.get_by_role("button", name="Change destination").click()
+    page.get_by_role("dialog").get_by_role("button", name="Change destination").click()
     page.get_by_role("status").filter(has_text="Destination changed").wait_for()
     # Then the account's destination is the new one (the chain's token, as offered)
     account = portal.call("GET", f"/v1/deposit-accounts/{user}")["depositAccount"]
@@ -683,6 +691,9 @@ def test_create_and_revoke_an_api_key(page: Any, portal: Portal) -> None:
     page.get_by_label("Name").fill(name)
     page.get_by_label("webhooks:read").check()
     page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog", name="Create an API key")
+    assert "webhooks:read" in dialog.inner_text()
+    dialog.get_by_role("button", name="Create key").click()
     key = page.get_by_label("API key", exact=True).input_value()
     assert key.startswith("sk_")
     endpoints = f"{portal.base}/v1/webhook-endpoints"
@@ -715,6 +726,9 @@ def test_an_admin_adds_a_member_and_changes_the_role(page: Any, portal: Portal) 
     row.wait_for()
     row.get_by_label(f"Role of {email}").select_option("viewer")
     row.get_by_role("button", name="Change role").click()
+    dialog = page.get_by_role("dialog", name="Change a role")
+    assert "developer" in dialog.inner_text() and "viewer" in dialog.inner_text()
+    dialog.get_by_role("button", name="Change role").click()
     page.get_by_role("status").filter(has_text=f"{email} is now viewer").wait_for()
     members = portal.call("GET", "/v1/members?limit=200")["members"]
     assert next(m for m in members if m["email"] == email)["role"] == "viewer"

@@ -229,6 +229,13 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     (CORE, "POST", "/v1/sessions/portal-link"): Route(
         "public", "/v1/sessions/portal-link", body={}
     ),
+    (CORE, "DELETE", "/v1/members/<memberId>/mfa"): Route(
+        "tenant", "/v1/members/{member}/mfa", "members:write", "admin", isolation="not_found"
+    ),
+    # -- core: the audit log (admins and owners read it)
+    (CORE, "GET", "/v1/audit-events"): Route(
+        "tenant", "/v1/audit-events", "audit:read", "admin", isolation="empty:auditEvents"
+    ),
     # -- core: portal session
     (CORE, "GET", "/v1/tenants/<tenantId>/destination-policy"): Route(
         "session", "/v1/tenants/{tenant}/destination-policy", min_role="viewer"
@@ -244,6 +251,30 @@ ROUTES: dict[tuple[str, str, str], Route] = {
     ),
     (CORE, "DELETE", "/v1/sessions/current"): Route(
         "session", "/v1/sessions/current", min_role="viewer"
+    ),
+    (CORE, "POST", "/v1/sessions/current/step-up"): Route(
+        "session", "/v1/sessions/current/step-up", min_role="viewer", body={"password": PASSWORD}
+    ),
+    # -- core: a member's own second factor, and the tenant's rule (owners set it)
+    (CORE, "GET", "/v1/me/mfa"): Route("session", "/v1/me/mfa", min_role="viewer"),
+    (CORE, "DELETE", "/v1/me/mfa"): Route("session", "/v1/me/mfa", min_role="viewer"),
+    (CORE, "POST", "/v1/me/mfa/enrolment"): Route(
+        "session", "/v1/me/mfa/enrolment", min_role="viewer"
+    ),
+    (CORE, "POST", "/v1/me/mfa/enrolment/confirm"): Route(
+        "session", "/v1/me/mfa/enrolment/confirm", min_role="viewer", body={"code": "000000"}
+    ),
+    (CORE, "POST", "/v1/me/mfa/recovery-codes"): Route(
+        "session", "/v1/me/mfa/recovery-codes", min_role="viewer"
+    ),
+    (CORE, "GET", "/v1/tenants/<tenantId>/security"): Route(
+        "session", "/v1/tenants/{tenant}/security", min_role="viewer"
+    ),
+    (CORE, "PUT", "/v1/tenants/<tenantId>/security"): Route(
+        "session",
+        "/v1/tenants/{tenant}/security",
+        min_role="owner",
+        body={"requireMfa": False},
     ),
     # -- notifier: public
     (NOTIFIER, "GET", "/v1/notifier/openapi.json"): Route("public", "/v1/notifier/openapi.json"),
@@ -491,6 +522,7 @@ def snapshot(core_app: Flask, notifier_app: Flask, world: World) -> dict[str, An
         "deliveries": ok(notifier.get("/v1/webhook-deliveries", headers=headers)),
         "apiKeys": ok(core.get("/v1/api-keys", headers=headers)),
         "members": ok(core.get("/v1/members", headers=headers)),
+        "audit": ok(core.get("/v1/audit-events", headers=headers)),
     }
 
 
@@ -530,8 +562,9 @@ def test_every_route_is_classified(core_app: Flask, notifier_app: Flask) -> None
     }
 
 
-#: Scopes that hand out access: an admin's (DESIGN.md: admin also API keys and members).
-ACCESS_SCOPES = {"api_keys:write", "members:write", "portal:write"}
+#: Scopes that hand out access, and the audit log: an admin's (DESIGN.md: admin also API
+#: keys and members; issue 23: the audit log for admins and owners).
+ADMIN_SCOPES = {"api_keys:write", "members:write", "portal:write", "audit:read"}
 
 
 def test_roles_follow_design(core_app: Flask) -> None:
@@ -543,7 +576,7 @@ def test_roles_follow_design(core_app: Flask) -> None:
         scope = str(route.scope)
         expected = (
             "admin"
-            if scope in ACCESS_SCOPES
+            if scope in ADMIN_SCOPES
             else "viewer"
             if scope.endswith(":read")
             else "developer"

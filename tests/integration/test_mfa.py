@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -19,8 +20,9 @@ from flask.testing import FlaskClient
 from services.core.context import CoreContext
 from shared.db import Database
 from shared.identity import mfa
-from shared.identity.models import Member, RecoveryCode
+from shared.identity.models import Member, PortalSession, RecoveryCode
 from shared.identity.secrets import token_hash
+from shared.timefmt import utcnow
 from tests.conftest import PASSWORD, SignedIn, TenantKeys
 from tests.integration.conftest import assert_error
 from tests.integration.notifier_fixtures import (  # noqa: F401  (fixtures)
@@ -285,3 +287,32 @@ def test_an_admin_resets_a_lost_second_factor(core_app: Flask, tenant: TenantKey
         404,
         "not_found",
     )
+
+
+def test_a_member_who_must_enrol_steps_up_first_when_their_sign_in_is_old(
+    core_app: Flask, pg_db: Database, tenant: TenantKeys
+) -> None:
+    # Given a tenant that requires a second factor, and a member signed in long ago
+    owner = tenant.signed_in("owner")
+    enrol(core_app, owner)
+    path = f"/v1/tenants/{tenant.tenant_id}/security"
+    ok(owner.client(core_app).put(path, json={"requireMfa": True}, headers=owner.headers))
+    member = tenant.signed_in("viewer")
+    with pg_db.transaction() as session:
+        session.execute(
+            sa.update(PortalSession)
+            .where(PortalSession.member_id == member.member_id)
+            .values(factor_at=utcnow() - timedelta(minutes=6))
+        )
+    client = member.client(core_app)
+    # When they start enrolling: a fresh password first
+    assert_error(
+        client.post("/v1/me/mfa/enrolment", headers=member.headers), 403, "step_up_required"
+    )
+    stepped = client.post(
+        "/v1/sessions/current/step-up", json={"password": PASSWORD}, headers=member.headers
+    )
+    assert stepped.status_code == 200, stepped.get_json()
+    # Then they can enrol, and everything opens
+    enrol(core_app, member)
+    ok(client.get("/v1/deposit-accounts"))

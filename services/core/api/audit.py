@@ -9,7 +9,7 @@ from flask.views import MethodView
 
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from shared.api import Blueprint, ErrorSchema, ListArgs, Schema, Timestamp
-from shared.audit.chain import chain_time
+from shared.audit.chain import hashed_fields
 from shared.audit.log import ACTOR_TYPES, Filters, list_events
 from shared.identity import auth
 from shared.identity.models import AuditEvent
@@ -99,20 +99,13 @@ class AuditListSchema(Schema):
 
 
 def event_document(event: AuditEvent) -> dict[str, Any]:
+    """Every field the entry's hash covers (createdAt with microseconds as `chainTime`),
+    the time in milliseconds as every timestamp, and the hash."""
+    fields = hashed_fields(event)
     return {
-        "id": event.id,
-        "tenantId": event.tenant_id,
-        "sequence": event.sequence,
+        **fields,
         "createdAt": iso_ms(event.created_at),
-        "chainTime": chain_time(event.created_at),
-        "action": event.action,
-        "actor": {"type": event.actor_type, "id": event.actor_id, "name": event.actor_name},
-        "target": {"type": event.target_type, "id": event.target_id},
-        "before": event.before,
-        "after": event.after,
-        "ip": event.ip,
-        "requestId": event.request_id,
-        "prevHash": event.prev_hash,
+        "chainTime": fields["createdAt"],
         "hash": event.hash,
     }
 

@@ -41,6 +41,21 @@ def unicode_text(value: str) -> None:
         raise ma.ValidationError("must not contain unpaired surrogates") from None
 
 
+def password_field(**kwargs: object) -> ma.fields.String:
+    """A password as the hash takes it: 1..PASSWORD_MAX characters, UTF-8 encodable."""
+    return ma.fields.String(
+        validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), unicode_text], **kwargs
+    )
+
+
+def code_field(description: str) -> ma.fields.String:
+    """A second-factor code: the app's 6 digits or a recovery code."""
+    return ma.fields.String(
+        validate=[ma.validate.Length(min=1, max=64), printable],
+        metadata={"description": description},
+    )
+
+
 class SignInSchema(Schema):
     # Checked here, not left to the lookup: PostgreSQL refuses NUL in text and the
     # driver cannot encode unpaired surrogates (both were 500s before).
@@ -49,28 +64,17 @@ class SignInSchema(Schema):
         validate=[ma.validate.Length(min=1, max=320), printable],
         metadata={"example": "ops@example.com"},
     )
-    password = ma.fields.String(
-        required=True, validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), unicode_text]
-    )
-    code = ma.fields.String(
-        validate=[ma.validate.Length(min=1, max=64), printable],
-        metadata={
-            "description": "For a member with two-factor sign-in: the 6-digit code of their "
-            "authenticator app, or one of their recovery codes (each works once). Without "
-            "it such a member's right password answers 401 `mfa_required`."
-        },
+    password = password_field(required=True)
+    code = code_field(
+        "For a member with two-factor sign-in: the 6-digit code of their authenticator "
+        "app, or one of their recovery codes (each works once). Without it such a "
+        "member's right password answers 401 `mfa_required`."
     )
 
 
 class StepUpSchema(Schema):
-    password = ma.fields.String(
-        validate=[ma.validate.Length(min=1, max=PASSWORD_MAX), unicode_text],
-        metadata={"description": "For a member without two-factor sign-in."},
-    )
-    code = ma.fields.String(
-        validate=[ma.validate.Length(min=1, max=64), printable],
-        metadata={"description": "For a member with it: an app code or a recovery code."},
-    )
+    password = password_field(metadata={"description": "For a member without two-factor sign-in."})
+    code = code_field("For a member with it: an app code or a recovery code.")
 
 
 class SessionSchema(Schema):
@@ -279,7 +283,8 @@ def _record_refusal(log: Database, action: str, refused: service.SignInRefused) 
 
 @blp.route("/sessions/current/step-up")
 class StepUp(MethodView):
-    @auth.member(blp, "viewer")
+    # (enrolling: a member who must enrol steps up first when their sign-in is old)
+    @auth.member(blp, "viewer", enrolling=True)
     @blp.arguments(StepUpSchema)
     @blp.response(200, SessionEnvelopeSchema)
     @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])

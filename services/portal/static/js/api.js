@@ -3,6 +3,8 @@
 
 const CSRF_KEY = "settle.csrf";
 const SAFE = new Set(["GET", "HEAD", "OPTIONS"]);
+//: Calls whose 401 says the credentials given were wrong, not that the session ended.
+const NOT_SIGNED_OUT = new Set(["/v1/sessions", "/v1/sessions/current/step-up"]);
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -46,7 +48,8 @@ export async function api(method, path, body) {
   }
   if (!response.ok) {
     const error = new ApiError(response.status, data);
-    if (response.status === 401 && path !== "/v1/sessions") onSignedOut(error);
+    // A wrong password at sign-in or step-up is a 401 too, with the session (if any) alive.
+    if (response.status === 401 && !NOT_SIGNED_OUT.has(path)) onSignedOut(error);
     throw error;
   }
   return data;

@@ -5,11 +5,13 @@ import { api, rememberCsrf, whenSignedOut } from "./api.js";
 import { h, message } from "./ui.js";
 import * as access from "./pages/access.js";
 import * as accounts from "./pages/accounts.js";
+import * as audit from "./pages/audit.js";
 import * as deliveries from "./pages/deliveries.js";
 import * as deposits from "./pages/deposits.js";
 import * as endpoints from "./pages/endpoints.js";
 import * as events from "./pages/events.js";
 import * as overview from "./pages/overview.js";
+import * as security from "./pages/security.js";
 import * as signin from "./pages/signin.js";
 import * as statements from "./pages/statements.js";
 
@@ -42,11 +44,16 @@ const ROUTES = [
   [/^\/events$/, events, "Event catalog", "/events", "any"],
   [/^\/keys$/, access, "API keys", "/keys", "admin"],
   [/^\/members$/, access, "Members", "/members", "admin"],
+  [/^\/audit$/, audit, "Audit log", "/audit", "admin"],
+  [/^\/security$/, security, "Security", "/security", "member"],
 ];
+//: The one page of a member who must set up two-factor sign-in first.
+const ENROL = "/security";
 //: Navigation labels (the page titles, shorter where they are long).
 const NAV_LABELS = { "/": "Overview", "/policy": "Policy", "/endpoints": "Endpoints" };
 
-function allowed(who) {
+function allowed(who, path) {
+  if (session.current && session.current.mfaEnrolmentRequired) return path === ENROL;
   if (who === "any") return true;
   if (session.link) return false;
   return who === "member" || session.can(who);
@@ -74,7 +81,7 @@ function renderNav(active) {
   if (!session.current) return;
   const list = h("ul");
   for (const [, , title, path, who] of ROUTES) {
-    if (!path || !allowed(who)) continue;
+    if (!path || !allowed(who, path)) continue;
     const current = active === path || (path !== "/" && active.startsWith(path + "/"));
     const label = NAV_LABELS[path] || title;
     list.append(h("li", {}, h("a", { href: "#" + path, "aria-current": current ? "page" : null }, label)));
@@ -125,12 +132,16 @@ async function render() {
     main.querySelector("input")?.focus();
     return;
   }
-  for (const [pattern, page, title, , who] of ROUTES) {
+  if (session.current.mfaEnrolmentRequired && path !== ENROL) {
+    go(ENROL);
+    return;
+  }
+  for (const [pattern, page, title, navPath, who] of ROUTES) {
     const match = path.match(pattern);
     if (!match) continue;
     renderNav(path);
     document.title = `${title} · Settle`;
-    if (!allowed(who)) {
+    if (!allowed(who, navPath || path)) {
       main.replaceChildren(h("h1", {}, title), message("Your role cannot see this page."));
       return;
     }
@@ -154,6 +165,13 @@ async function render() {
     return;
   }
   main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, h("a", { href: "#/" }, "Overview")));
+}
+
+/** Read the session again (after a change to two-factor sign-in) and show `path`. */
+export async function refreshSession(path) {
+  const body = await api("GET", "/v1/sessions/current");
+  session.current = body.session;
+  go(path);
 }
 
 async function signedIn(body) {

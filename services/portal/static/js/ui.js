@@ -149,6 +149,18 @@ export function pager(state, nextCursor, go) {
   return nav;
 }
 
+/**
+ * A list's filters from the route's query (each "" when unset, `limit` too), with its
+ * pager `state` started again when they change and its cursor taken from the query.
+ */
+export function listFilters(params, names, state) {
+  const filters = Object.fromEntries([...names, "limit"].map((name) => [name, params.get(name) || ""]));
+  const key = JSON.stringify(filters);
+  if (state.key !== key) Object.assign(state, { stack: [], key });
+  state.cursor = params.get("cursor");
+  return filters;
+}
+
 /** A labelled field: label + control, bound by id. */
 export function field(label, control, hint) {
   const id = control.id || uid("f");

@@ -20,6 +20,7 @@ import {
   time,
   toast,
 } from "../ui.js";
+import { confirmSensitive } from "../stepup.js";
 
 const ROLES = ["viewer", "developer", "admin", "owner"];
 const RANK = Object.fromEntries(ROLES.map((r, i) => [r, i]));
@@ -49,7 +50,15 @@ async function renderKeys(root, params) {
   const create = form("Create API key", [field("Name", name, "To tell keys apart."), scopeField], "Create key", async () => {
     const picked = chosen();
     if (!picked.length) throw new Error("Choose at least one scope.");
-    const result = await api("POST", "/v1/api-keys", { name: name.value.trim() || null, scopes: picked });
+    const label = name.value.trim() || null;
+    const result = await confirmSensitive({
+      title: "Create an API key",
+      intro: "Whoever holds the key can do what its scopes allow, without signing in.",
+      changes: [["Name", null, label || "—"], ["Scopes", null, picked.join(", ")]],
+      confirmText: "Create key",
+      action: () => api("POST", "/v1/api-keys", { name: label, scopes: picked }),
+    });
+    if (!result) return;
     made.replaceChildren(
       message(`Key ${result.apiKey.prefix}… created.`, "info"),
       secretBox("API key", result.secret),
@@ -108,13 +117,17 @@ async function renderMembers(root, params) {
     const choice = select(givable, m.role, { "aria-label": `Role of ${m.email}` });
     const save = h("button", { type: "button" }, "Change role");
     save.addEventListener("click", async () => {
-      try {
-        await api("PATCH", `/v1/members/${enc(m.id)}`, { role: choice.value });
-        toast(`${m.email} is now ${choice.value}`);
-        go("/members");
-      } catch (err) {
-        toast(err.message);
-      }
+      const role = choice.value;
+      if (role === m.role) return;
+      const done = await confirmSensitive({
+        title: "Change a role",
+        changes: [[`Role of ${m.email}`, m.role, role]],
+        confirmText: "Change role",
+        action: () => api("PATCH", `/v1/members/${enc(m.id)}`, { role }),
+      });
+      if (!done) return;
+      toast(`${m.email} is now ${role}`);
+      go("/members");
     });
     return h("span", { class: "row" }, choice, save);
   };

@@ -20,6 +20,7 @@ import {
   toast,
 } from "../ui.js";
 import { chainList, chainName } from "./shared.js";
+import { confirmSensitive } from "../stepup.js";
 
 const listState = { stack: [], cursor: null };
 
@@ -76,6 +77,22 @@ async function findAccount(text) {
   const { depositAccounts } = await api("GET", "/v1/deposit-accounts" + query({ depositAddress: text }));
   if (!depositAccounts.length) throw new Error(`No account has the deposit address ${text}.`);
   return depositAccounts[0].externalUserId;
+}
+
+/** A destination's token as people read it: its symbol on that chain, and the address. */
+function tokenName(chains, destination) {
+  const chain = chains.find((c) => c.chainId === destination.chainId);
+  const asset = chain && chain.assets.find((a) => a.tokenAddress.toLowerCase() === destination.tokenAddress.toLowerCase());
+  return asset ? `${asset.symbol} (${destination.tokenAddress})` : destination.tokenAddress;
+}
+
+/** The rows of a destination change for the step-up dialog: chain, address, token. */
+function destinationChange(chains, before, after) {
+  return [
+    ["Chain", before ? chainName(chains, before.chainId) : null, chainName(chains, after.chainId)],
+    ["Wallet address", before ? before.address : null, after.address],
+    ["Token", before ? tokenName(chains, before) : null, tokenName(chains, after)],
+  ];
 }
 
 /** Fields of a destination, the token offered from the chain's assets. */
@@ -137,9 +154,16 @@ async function renderOne(root, externalUserId) {
       section(
         "Change destination",
         form("Change destination", controls, "Change destination", async () => {
-          await api("PATCH", `/v1/deposit-accounts/${enc(account.externalUserId)}/destination`, {
-            destination: value(),
+          const destination = value();
+          const done = await confirmSensitive({
+            title: "Change the settlement destination",
+            intro: `Deposits of ${account.externalUserId} settle to the new destination from now on.`,
+            changes: destinationChange(chains, account.destination, destination),
+            confirmText: "Change destination",
+            action: () =>
+              api("PATCH", `/v1/deposit-accounts/${enc(account.externalUserId)}/destination`, { destination }),
           });
+          if (!done) return;
           toast("Destination changed");
           go(`/accounts/${enc(account.externalUserId)}`);
         }),
@@ -172,10 +196,19 @@ async function renderPolicy(root) {
       section(
         policy ? "Replace the policy" : "Set a policy",
         form("Destination policy", [...controls, field("Venue (optional)", venue)], "Save policy", async () => {
-          await api("PUT", "/v1/destination-policy", {
-            destination: value(),
-            venue: venue.value.trim() || null,
+          const destination = value();
+          const newVenue = venue.value.trim() || null;
+          const done = await confirmSensitive({
+            title: policy ? "Replace the destination policy" : "Set the destination policy",
+            intro: "Accounts created from now on without a destination settle here; existing accounts keep theirs.",
+            changes: [
+              ...destinationChange(chains, policy ? policy.destination : null, destination),
+              ["Venue", policy ? policy.venue || "—" : null, newVenue || "—"],
+            ],
+            confirmText: "Save policy",
+            action: () => api("PUT", "/v1/destination-policy", { destination, venue: newVenue }),
           });
+          if (!done) return;
           toast("Policy saved");
           go("/policy");
         }),

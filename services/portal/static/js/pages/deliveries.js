@@ -12,6 +12,7 @@ import {
   h,
   input,
   isoToLocal,
+  listFilters,
   localToIso,
   pager,
   pre,
@@ -47,17 +48,11 @@ function replayButton(delivery) {
 }
 
 async function renderList(root, params) {
-  const filters = {
-    endpointId: params.get("endpointId") || "",
-    eventType: params.get("eventType") || "",
-    status: params.get("status") || "",
-    createdAfter: params.get("createdAfter") || "",
-    createdBefore: params.get("createdBefore") || "",
-    limit: params.get("limit") || "",
-  };
-  const key = JSON.stringify(filters);
-  if (listState.key !== key) Object.assign(listState, { stack: [], key });
-  listState.cursor = params.get("cursor");
+  const filters = listFilters(
+    params,
+    ["endpointId", "eventType", "status", "createdAfter", "createdBefore"],
+    listState,
+  );
   const [endpoints, types] = await Promise.all([allEndpoints(), eventTypes()]);
   const names = Object.fromEntries(endpoints.map((e) => [e.id, e.name]));
 

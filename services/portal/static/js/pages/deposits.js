@@ -12,6 +12,7 @@ import {
   h,
   input,
   isoToLocal,
+  listFilters,
   localToIso,
   pager,
   pre,
@@ -31,17 +32,11 @@ export async function render(root, route) {
 
 async function renderList(root, params) {
   const chains = await chainList();
-  const filters = {
-    externalUserId: params.get("externalUserId") || "",
-    status: params.get("status") || "",
-    chainId: params.get("chainId") || "",
-    createdAfter: params.get("createdAfter") || "",
-    createdBefore: params.get("createdBefore") || "",
-    limit: params.get("limit") || "",
-  };
-  const key = JSON.stringify(filters);
-  if (listState.key !== key) Object.assign(listState, { stack: [], key });
-  listState.cursor = params.get("cursor");
+  const filters = listFilters(
+    params,
+    ["externalUserId", "status", "chainId", "createdAfter", "createdBefore"],
+    listState,
+  );
 
   const user = input({ name: "externalUserId", value: filters.externalUserId });
   const status = select([["", "Any status"], ...DEPOSIT_STATUSES], filters.status);

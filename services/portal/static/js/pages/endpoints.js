@@ -24,6 +24,7 @@ import {
   toast,
 } from "../ui.js";
 import { eventTypes } from "./shared.js";
+import { confirmSensitive } from "../stepup.js";
 
 const listState = { stack: [], cursor: null };
 
@@ -168,9 +169,15 @@ async function actions(endpoint) {
     section(
       "Rotate secret",
       form("Rotate secret", field("Keep the old secret valid for", overlap), "Rotate secret", async () => {
-        const body = await api("POST", `${path}/rotate-secret`, {
-          previousSecretExpiresInSeconds: Number(overlap.value),
+        const keep = overlap.options[overlap.selectedIndex].textContent;
+        const body = await confirmSensitive({
+          title: "Rotate the signing secret",
+          intro: `Deliveries to ${endpoint.url} are signed with a new secret from now on.`,
+          changes: [["Signing secret", "The current one", "A new one (shown once)"], ["The current one keeps signing", null, keep]],
+          confirmText: "Rotate secret",
+          action: () => api("POST", `${path}/rotate-secret`, { previousSecretExpiresInSeconds: Number(overlap.value) }),
         });
+        if (!body) return;
         rotated.replaceChildren(secretBox("New signing secret", body.secret));
         rotated.querySelector("input")?.focus();
       }),

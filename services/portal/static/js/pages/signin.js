@@ -1,4 +1,5 @@
-// Sign in: email and password, a session cookie and a CSRF token.
+// Sign in: email and password (and, for a member with two-factor sign-in, a code from
+// their authenticator app or a recovery code), a session cookie and a CSRF token.
 
 import { api } from "../api.js";
 import { field, form, h, input } from "../ui.js";
@@ -11,23 +12,44 @@ export function page(signedIn) {
     autocomplete: "current-password",
     required: true,
   });
+  const code = input({
+    name: "code",
+    autocomplete: "one-time-code",
+    inputmode: "numeric",
+    spellcheck: false,
+  });
+  const codeField = field(
+    "Authentication code",
+    code,
+    "The 6-digit code your authenticator app shows, or one of your recovery codes.",
+  );
+  codeField.hidden = true;
   const signInForm = form(
     "Sign in",
-    [field("Email", email), field("Password", password)],
+    [field("Email", email), field("Password", password), codeField],
     "Sign in",
     async () => {
-      let body;
+      const body = { email: email.value.trim(), password: password.value };
+      if (!codeField.hidden && code.value.trim()) body.code = code.value.trim();
+      let answer;
       try {
-        body = await api("POST", "/v1/sessions", {
-          email: email.value.trim(),
-          password: password.value,
-        });
+        answer = await api("POST", "/v1/sessions", body);
       } catch (err) {
+        if (err.code === "mfa_required") {
+          // The password was right: the same call again with a code.
+          codeField.hidden = false;
+          code.focus();
+          throw new Error("Enter the code from your authenticator app (or a recovery code).");
+        }
+        code.value = "";
+        if (err.status === 401 && !codeField.hidden) {
+          throw new Error("The code is wrong or was used already (or the password is wrong).");
+        }
         password.value = "";
         if (err.status === 401) throw new Error("Email or password is wrong.");
         throw err;
       }
-      await signedIn(body);
+      await signedIn(answer);
     },
   );
   return h(
