@@ -304,6 +304,15 @@ class StrictInteger(ma.fields.Integer):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
+class StrictBoolean(ma.fields.Boolean):
+    """JSON `true` or `false` only (marshmallow's Boolean also takes 0, 1, "yes", "on")."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ma.ValidationError("must be true or false")
+        return value
+
+
 class StrictNumber(ma.fields.Float):
     """A finite JSON number: refuses booleans, numeric strings, NaN and infinities."""
 

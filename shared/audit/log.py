@@ -42,8 +42,6 @@ API_KEY, MEMBER, PORTAL_LINK, OPS, ANONYMOUS = (
     "anonymous",
 )
 ACTOR_TYPES = (API_KEY, MEMBER, PORTAL_LINK, OPS, ANONYMOUS)
-#: Longest text kept of a free-form value (an ops reason).
-TEXT_MAX = 500
 
 
 @dataclass(frozen=True)

@@ -183,8 +183,11 @@ def test_an_owner_requires_it_and_members_without_it_enrol_first(
         403,
         "forbidden",
     )
-    # An owner with one can
+    # An owner with one can (a JSON boolean only: 0 or "yes" is a 400)
     enrol(core_app, owner)
+    for wrong in (0, 1, "true", None):
+        bad = owner_client.put(path, json={"requireMfa": wrong}, headers=owner.headers)
+        assert_error(bad, 400, "invalid_request")
     assert ok(owner_client.put(path, json={"requireMfa": True}, headers=owner.headers)) == {
         "security": {"requireMfa": True}
     }

@@ -17,9 +17,11 @@ from sqlalchemy.orm import Session
 
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response
 from services.core.context import core
-from shared.api import Blueprint, ErrorSchema, Schema, Timestamp
+from services.core.models import IdempotencyRecord
+from shared.api import Blueprint, ErrorSchema, Schema, StrictBoolean, Timestamp
 from shared.audit.log import Change, record_request
 from shared.errors import Conflict, Forbidden
+from shared.idempotency import OPENAPI_PARAMETER, idempotent
 from shared.identity import auth, mfa
 from shared.identity import service as identity
 from shared.identity.models import Member, Tenant
@@ -91,7 +93,7 @@ class ConfirmedSchema(RecoveryCodesSchema):
 
 
 class SecuritySchema(Schema):
-    require_mfa = ma.fields.Boolean(
+    require_mfa = StrictBoolean(
         required=True,
         metadata={
             "description": "Every member signs in with a second factor; one without enrols "
@@ -132,7 +134,7 @@ def _mfa_change(action: str, member: Member, before: bool, after: bool) -> Chang
     return Change(action, "member", member.id, {"mfaEnabled": before}, {"mfaEnabled": after})
 
 
-_CONFLICT = "conflict: already on, or no enrolment in progress"
+_CONFLICT = "conflict (already on, or no enrolment in progress), idempotency_key_reused"
 
 
 @blp.route("/me/mfa")
@@ -162,8 +164,14 @@ class MyMfa(MethodView):
 @blp.route("/me/mfa/enrolment")
 class Enrolment(MethodView):
     @auth.member(blp, "viewer", enrolling=True, step_up=True)
+    @idempotent(IdempotencyRecord)
     @blp.response(200, EnrolmentEnvelopeSchema)
-    @blp.alt_response(409, schema=ErrorSchema, description="conflict: it is on already")
+    @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
+    @blp.alt_response(
+        409, schema=ErrorSchema, description="conflict (it is on already), idempotency_key_reused"
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self) -> Response:
         """Start enrolling an authenticator app: a new secret, as an otpauth URL and its QR
         code. Nothing changes until a code confirms it (within 15 minutes)."""
@@ -181,11 +189,13 @@ class Enrolment(MethodView):
 @blp.route("/me/mfa/enrolment/confirm")
 class ConfirmEnrolment(MethodView):
     @auth.member(blp, "viewer", enrolling=True)
+    @idempotent(IdempotencyRecord)
     @blp.arguments(ConfirmSchema)
     @blp.response(200, ConfirmedSchema)
     @blp.alt_response(400, schema=ErrorSchema, description="invalid_request: a wrong code")
     @blp.alt_response(409, schema=ErrorSchema, description=_CONFLICT)
     @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self, args: dict[str, Any]) -> Response:
         """Turn two-factor sign-in on with a code the app shows; the ten recovery codes
         (in this response only)."""
@@ -200,8 +210,16 @@ class ConfirmEnrolment(MethodView):
 @blp.route("/me/mfa/recovery-codes")
 class RecoveryCodes(MethodView):
     @auth.member(blp, "viewer", step_up=True)
+    @idempotent(IdempotencyRecord)
     @blp.response(200, RecoveryCodesSchema)
-    @blp.alt_response(409, schema=ErrorSchema, description="conflict: two-factor sign-in is off")
+    @blp.alt_response(400, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[400])
+    @blp.alt_response(
+        409,
+        schema=ErrorSchema,
+        description="conflict (two-factor sign-in is off), idempotency_key_reused",
+    )
+    @blp.alt_response(413, schema=ErrorSchema, description=ERROR_DESCRIPTIONS[413])
+    @blp.doc(parameters=[OPENAPI_PARAMETER])
     def post(self) -> Response:
         """Ten new recovery codes (shown once); the earlier ones stop working."""
         with auth.identity_db().transaction() as session:
