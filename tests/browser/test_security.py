@@ -48,6 +48,14 @@ def fill_sign_in(page: Any, email: str, password: str = PASSWORD) -> None:
     page.get_by_role("button", name="Sign in").click()
 
 
+def sign_in_with_code(page: Any, email: str, code: str) -> None:
+    """The password, then (asked for it) the code."""
+    fill_sign_in(page, email)
+    page.get_by_label("Authentication code").wait_for()
+    page.get_by_label("Authentication code").fill(code)
+    page.get_by_role("button", name="Sign in").click()
+
+
 def sign_out(page: Any) -> None:
     page.get_by_role("button", name="Sign out").click()
     page.get_by_role("heading", name="Sign in to Settle").wait_for()
@@ -108,17 +116,11 @@ def test_enrol_then_sign_in_with_a_code_and_a_recovery_code_once(page: Any, port
     sign_out(page)
 
     # And a recovery code signs in once ...
-    fill_sign_in(page, email)
-    page.get_by_label("Authentication code").wait_for()
-    page.get_by_label("Authentication code").fill(recovery[0])
-    page.get_by_role("button", name="Sign in").click()
+    sign_in_with_code(page, email, recovery[0])
     page.get_by_role("heading", name="Overview").wait_for()
     sign_out(page)
     # ... and a second time it fails
-    fill_sign_in(page, email)
-    page.get_by_label("Authentication code").wait_for()
-    page.get_by_label("Authentication code").fill(recovery[0])
-    page.get_by_role("button", name="Sign in").click()
+    sign_in_with_code(page, email, recovery[0])
     page.get_by_role("alert").filter(has_text="The code is wrong or was used already").wait_for()
     assert page.get_by_role("heading", name="Sign in to Settle").is_visible()
 

@@ -3,38 +3,17 @@ names the first entry that does not fit, whatever was done to it."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from shared.audit import chain
+from shared.identity.models import AuditEvent
 
 
-@dataclass
-class Row:
-    id: str
-    tenant_id: str
-    sequence: int
-    created_at: datetime
-    action: str
-    actor_type: str
-    actor_id: str | None
-    actor_name: str | None
-    target_type: str
-    target_id: str | None
-    before: Any
-    after: Any
-    ip: str | None
-    request_id: str | None
-    prev_hash: str
-    hash: str = ""
-
-
-def entry(sequence: int = 1, prev_hash: str = chain.GENESIS, **changes: Any) -> Row:
-    row = Row(
+def entry(sequence: int = 1, prev_hash: str = chain.GENESIS, **changes: Any) -> AuditEvent:
+    fields: dict[str, Any] = dict(
         id=f"aud_{sequence:026d}",
         tenant_id="6f1c2a43-1b9e-4d5c-9a57-0f3c8d2e1b7a",
         sequence=sequence,
@@ -51,7 +30,7 @@ def entry(sequence: int = 1, prev_hash: str = chain.GENESIS, **changes: Any) -> 
         request_id="req_1",
         prev_hash=prev_hash,
     )
-    row = dataclasses.replace(row, **changes)
+    row = AuditEvent(**{**fields, **changes}, hash="")  # the stored row, not stored here
     row.hash = chain.entry_hash(row)
     return row
 
@@ -77,8 +56,8 @@ def test_floats_and_other_types_are_refused_before_they_are_stored() -> None:
             chain.check_recordable(bad)
 
 
-def build(n: int) -> list[Row]:
-    rows: list[Row] = []
+def build(n: int) -> list[AuditEvent]:
+    rows: list[AuditEvent] = []
     for sequence in range(1, n + 1):
         rows.append(entry(sequence, rows[-1].hash if rows else chain.GENESIS))
     return rows
