@@ -1,8 +1,11 @@
 """`settle reconcile`: did every event core emitted reach the notifier, once, intact?
+And did the hot wallet pay only what Settle recorded?
 
 DESIGN.md promises that no event is lost. This module checks it after the fact for a
 time window: core's outbox against the notifier's stored events, endpoints and
-deliveries, and each deposit's status against the lifecycle events it emitted.
+deliveries, and each deposit's status against the lifecycle events it emitted. Given
+each chain's node (`payouts`), it also lists the hot wallet's payouts mined in the
+window that Settle has no record of (after a database restore: docs/RECONCILE.md).
 It reads both services' tables (each from its own database), so it lives above both.
 
 Every check is set-based: rows are streamed in chunks and each chunk is matched with
@@ -38,6 +41,7 @@ from sqlalchemy.orm import Session
 from services.core.config import CoreConfig
 from services.core.deposits import states
 from services.core.deposits.models import Deposit
+from services.core.deposits.payout_audit import ChainUnreadable, PayoutScanner, unrecorded
 from services.core.models import OutboxEvent
 from services.core.sweeps import audit as sweep_audit
 from services.core.sweeps.audit import ChainBalances
@@ -75,6 +79,8 @@ DUPLICATE_DURABLE = "duplicate_durable"
 STATUS_MISMATCH = "status_mismatch"
 #: No success yet for an (event, endpoint) pair to a live endpoint (only when required).
 UNDELIVERED = "undelivered"
+#: A hot-wallet payout on chain that Settle has no record of.
+UNRECORDED_PAYMENT = "unrecorded_payment"
 
 #: A sweep signed or sent and not final `settle_s` after it last changed.
 SWEEP_UNCONFIRMED = "sweep_unconfirmed"
@@ -100,6 +106,7 @@ KINDS: tuple[str, ...] = (
     SWEEP_UNCONFIRMED,
     SWEEP_REORGED,
     UNEXPLAINED_BALANCE,
+    UNRECORDED_PAYMENT,
 )
 
 #: Rows fetched per round trip, and the longest IN list sent.
@@ -162,6 +169,9 @@ class Counts:
     deposits_checked: int = 0
     #: (address, token) balances read on chains and compared (docs/RECONCILE.md, "Sweeps").
     balances_checked: int = 0
+    #: Chains whose hot-wallet payouts were read, and the payouts found in the window.
+    chains_checked: int = 0
+    payouts_checked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +187,8 @@ class Counts:
             "undelivered": dict(self.undelivered),
             "depositsChecked": self.deposits_checked,
             "balancesChecked": self.balances_checked,
+            "chainsChecked": self.chains_checked,
+            "payoutsChecked": self.payouts_checked,
         }
 
 
@@ -206,6 +218,7 @@ class Report:
     #: Deposits whose tokens are still at their address (not a discrepancy: they wait
     #: for the next sweep).
     unswept: list[sweep_audit.Unswept] = field(default_factory=list)
+    unrecorded_payment: list[Discrepancy] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Discrepancy]:
         found: list[Discrepancy] = getattr(self, kind)
@@ -267,6 +280,7 @@ class Report:
             f"  deposits checked: {c.deposits_checked}",
             f"  deposit address balances checked on chain: {c.balances_checked}",
             "  deposits not yet swept: " + (self._unswept_summary() or "none"),
+            f"  hot-wallet payouts checked: {c.payouts_checked} on {c.chains_checked} chain(s)",
             f"  took {self.elapsed_s:.2f} s",
         ]
         found = self.discrepancies()
@@ -297,6 +311,7 @@ def reconcile(
     tenant_ids: Iterable[str] | None = None,
     now: datetime | None = None,
     chains: Mapping[int, ChainBalances] | None = None,
+    payouts: Sequence[PayoutScanner] = (),
 ) -> Report:
     """Compare core's outbox and deposits with the notifier for events created in [since, until).
 
@@ -305,7 +320,10 @@ def reconcile(
     `settle_s` after it was made is a discrepancy too (otherwise only counted).
     `tenant_ids`: only these tenants' rows. `chains`: the nodes to read sweeps' blocks
     and deposit addresses' balances on (none: those checks are skipped; never with
-    `tenant_ids`, an address's balance is not one tenant's). Raises ValueError for an
+    `tenant_ids`, an address's balance is not one tenant's). `payouts`: each chain's
+    hot-wallet payouts, read from its node; those mined in the window that Settle has no
+    record of are discrepancies (ChainUnreadable when a node cannot answer). Raises
+    ValueError for an
     empty window.
     """
     if since >= until:
@@ -329,6 +347,8 @@ def reconcile(
         run.check_odd_durable()
         run.check_deposits()
         _check_sweeps(run, chains or {})
+        for scanner in payouts:
+            run.check_payouts(scanner)
     for kind in KINDS:
         report.of_kind(kind).sort(key=lambda d: (d.tenant_id, d.subject))
     report.elapsed_s = time.monotonic() - started
@@ -685,6 +705,30 @@ class _Run:
             if problem is not None:
                 self.report.add(STATUS_MISMATCH, deposit_id, tenant_id, problem)
 
+    # -- the hot wallet's payouts on chain -----------------------------------------------
+
+    def check_payouts(self, scanner: PayoutScanner) -> None:
+        """Payouts of the hot wallet mined in the window that Settle has no record of.
+
+        Settle records a payment before it broadcasts it, so a payout mined before the
+        window's end was recorded before core's snapshot: any missing is not in flight.
+        """
+        first = scanner.first_block_at(self.report.since)
+        end = scanner.first_block_at(self.report.until) - 1
+        found = scanner.between(first, end)
+        self.counts.chains_checked += 1
+        self.counts.payouts_checked += len(found)
+        tenants = self.report.tenant_ids
+        for item in unrecorded(self.core, scanner.wallet, found):
+            if tenants is not None and item.tenant_id not in tenants:
+                continue
+            self.report.add(
+                UNRECORDED_PAYMENT,
+                item.payout.tx_hash,
+                item.tenant_id or "",
+                f"chain {scanner.chain_id}: {item.detail}",
+            )
+
     def _lifecycle_events(
         self, deposits: dict[str, tuple[str, str, datetime]]
     ) -> dict[str, list[tuple[int, str]]]:
@@ -755,6 +799,18 @@ def _check_sweeps(run: _Run, chains: Mapping[int, ChainBalances]) -> None:
 
 
 DatabasesFactory = Callable[[], tuple[Database, Database]]
+#: Each chain's hot-wallet payouts, read from its node (none without a node and the key).
+ScannersFactory = Callable[[], Sequence[PayoutScanner]]
+
+
+def _scanners_from_env() -> Sequence[PayoutScanner]:
+    from services.core.chains import load_chains
+    from services.core.deposits.payout_audit import scanners_from
+
+    config = CoreConfig.from_env()
+    return list(
+        scanners_from(load_chains(config.chains_file), config.rpc_urls, config.deposits).values()
+    )
 
 
 def _databases_from_env() -> tuple[Database, Database]:
@@ -804,7 +860,11 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run_command(args: argparse.Namespace, make_databases: DatabasesFactory) -> int:
+def run_command(
+    args: argparse.Namespace,
+    make_databases: DatabasesFactory,
+    make_scanners: ScannersFactory = _scanners_from_env,
+) -> int:
     """`settle reconcile`: 0 when clean, 1 on any discrepancy, 2 when it could not check."""
     now = utcnow()
     until = args.until or now
@@ -814,6 +874,7 @@ def run_command(args: argparse.Namespace, make_databases: DatabasesFactory) -> i
         return 2
     try:
         core_db, notifier_db = make_databases()
+        scanners = [] if args.no_chain else make_scanners()
     except SettingsError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
@@ -828,9 +889,13 @@ def run_command(args: argparse.Namespace, make_databases: DatabasesFactory) -> i
             tenant_ids=args.tenant,
             now=now,
             chains=_chains_from_env(args.chain_balances),
+            payouts=scanners,
         )
     except SQLAlchemyError as err:
         sys.stderr.write(f"error: could not read the databases: {err.__class__.__name__}: {err}\n")
+        return 2
+    except ChainUnreadable as err:
+        sys.stderr.write(f"error: could not read a chain's hot-wallet payouts: {err}\n")
         return 2
     finally:
         if make_databases is _databases_from_env:  # ours to close
@@ -878,4 +943,9 @@ def register(
         " (SETTLE_RPC_URL_<id>): those with deposits or sweeps (default), all, or none",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--no-chain",
+        action="store_true",
+        help="do not read the hot wallet's payouts from the chains' nodes",
+    )
     p.set_defaults(func=lambda args: run_command(args, make_databases))

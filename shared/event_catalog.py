@@ -169,6 +169,16 @@ _DEPOSIT = _object(
             "type": ["string", "null"],
             "description": "Why a person must look (manual_review_required).",
         },
+        "waitReason": {
+            "type": ["string", "null"],
+            "enum": [
+                "hot_wallet_insufficient_balance",
+                "payments_paused",
+                "fee_cap",
+                None,
+            ],
+            "description": "Why settlement waits; it tries again by itself (null: not waiting).",
+        },
         "sandbox": {"type": "boolean", "description": "Made by POST /v1/sandbox/deposits."},
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
@@ -368,6 +378,7 @@ def _deposit_example(status: str) -> dict[str, Any]:
         ),
         "failureReason": None,
         "reviewReason": "no_route" if status == "manual_review_required" else None,
+        "waitReason": None,
         "sandbox": False,
         "createdAt": "2026-11-21T04:10:02.117Z",
         "updatedAt": "2026-11-21T04:11:28.123Z",
@@ -564,10 +575,13 @@ ENTRIES: tuple[EventType, ...] = (
     EventType(
         type=events.INVENTORY_LOW_BALANCE,
         summary="Settle's own balance of a token on a chain, which pays inventory "
-        "settlements at once, fell under its threshold.",
+        "settlements at once, fell under its threshold; or its hot wallet holds too little "
+        "of the token (or of the chain's gas) for a payout.",
         details="Sent once per crossing to each "
-        "tenant whose accounts settle in that token. Until it is refilled, settlements "
-        "there may take a slower route.",
+        "tenant whose accounts settle in that token (for gas: `tokenAddress` is the zero "
+        "address, `asset` the chain's native token, and every tenant settling on that "
+        "chain is told). Until it is refilled, settlements there may take a slower route, "
+        "or wait (`waitReason: hot_wallet_insufficient_balance`) and are paid once it is.",
         data_schema=_object(
             {
                 "inventory": _object(

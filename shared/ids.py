@@ -30,3 +30,27 @@ def ulid(now_ms: int | None = None) -> str:
 def new_id(prefix: str) -> str:
     """`<prefix>_<ulid>`, e.g. `acc_01JD3Y...`."""
     return f"{prefix}_{ulid()}"
+
+
+#: Crockford digit -> its value.
+_DIGIT_VALUE = {c: i for i, c in enumerate(_ALPHABET)}
+
+
+def ulid_bytes(text: str) -> bytes:
+    """The 16 bytes (128 bits) a 26-character ULID encodes; ValueError if it is not one."""
+    if len(text) != 26 or not set(text) <= _DIGIT_VALUE.keys():
+        raise ValueError(f"not a ULID: {text[:40]!r}")
+    value = 0
+    for char in text:
+        value = (value << 5) | _DIGIT_VALUE[char]
+    if value >> 128:
+        raise ValueError(f"not a ULID: {text!r}")
+    return value.to_bytes(16, "big")
+
+
+def ulid_text(raw: bytes) -> str:
+    """The 26-character ULID of 16 bytes (the inverse of `ulid_bytes`)."""
+    if len(raw) != 16:
+        raise ValueError("a ULID is 16 bytes")
+    value = int.from_bytes(raw, "big")
+    return "".join(_ALPHABET[(value >> (5 * i)) & 31] for i in range(25, -1, -1))

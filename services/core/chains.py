@@ -51,11 +51,22 @@ class Chain:
     #: Depth that stands in for the tag when the node does not offer it: beyond the
     #: chain's known reorgs (0: `confirmations`).
     reorg_depth: int = 0
+    #: Most a hot-wallet payout may offer per gas, gwei (SETTLE_PAYMENT_MAX_FEE_GWEI
+    #: overrides it); None: no cap.
+    payment_max_fee_gwei: Decimal | None = None
 
     @property
     def final_depth(self) -> int:
         """Blocks a deposit needs on top when no finality tag can be read."""
         return max(self.confirmations, self.reorg_depth)
+
+    def final_height(self, head: int, tagged: int | None) -> int:
+        """The highest block that counts as final with the node at `head`: under the
+        chain's confirmations and at or under its finality tag's block (`tagged`, None
+        when the node does not offer the tag: then `final_depth` deep)."""
+        if self.finality_tag and tagged is not None:
+            return min(tagged, head - self.confirmations + 1)
+        return head - self.final_depth + 1
 
     @property
     def is_active(self) -> bool:
@@ -177,6 +188,9 @@ def parse_chains(text: str) -> ChainRegistry:
                 assets=_assets(raw.get("assets", []), where) if status == ACTIVE else (),
                 finality_tag=_finality_tag(raw.get("finality_tag"), where),
                 reorg_depth=int(raw.get("reorg_depth", 0)),
+                payment_max_fee_gwei=None
+                if raw.get("payment_max_fee_gwei") is None
+                else _decimal(raw["payment_max_fee_gwei"], f"{where}.payment_max_fee_gwei"),
             )
         except KeyError as missing:
             raise ChainsFileError(f"{where} lacks {missing}") from None
@@ -184,6 +198,8 @@ def parse_chains(text: str) -> ChainRegistry:
             raise ChainsFileError(f"{where}.confirmations must be at least 1")
         if chain.reorg_depth < 0:
             raise ChainsFileError(f"{where}.reorg_depth must not be negative")
+        if chain.payment_max_fee_gwei is not None and chain.payment_max_fee_gwei <= 0:
+            raise ChainsFileError(f"{where}.payment_max_fee_gwei must be positive")
         chains.append(chain)
     ids = [c.chain_id for c in chains]
     if len(set(ids)) != len(ids):

@@ -108,10 +108,29 @@ class TransferLog:
 
 #: The Transfer topic's bits in a block's logsBloom.
 TRANSFER_BLOOM = bloom_mask(bytes.fromhex(TRANSFER_TOPIC[2:]))
+#: Calldata of ERC-20 `decimals()`.
+DECIMALS_CALL = "0x" + keccak(text="decimals()")[:4].hex()
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionFacts:
+    """What a node says of a transaction: its sender, nonce, calldata and block."""
+
+    hash: str
+    sender: str
+    nonce: int
+    input: bytes
+    #: None while it is pending.
+    block_number: int | None
 
 
 class ChainIdMismatch(RuntimeError):
     """The node serves a different chain than the one it was configured for."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        super().__init__(f"node serves chain {actual}, expected {expected}")
+        self.expected = expected
+        self.actual = actual
 
 
 class NodeError(RuntimeError):
@@ -291,7 +310,7 @@ class Web3ChainReader(ChainReader):
             expected = self._configured_chain_id
             # A wrong RPC URL would otherwise credit deposits to the wrong chain.
             if expected is not None and actual != expected:
-                raise ChainIdMismatch(f"node serves chain {actual}, expected {expected}")
+                raise ChainIdMismatch(expected, actual)
             self._chain_id = actual
         return self._chain_id
 
@@ -352,9 +371,15 @@ class Web3ChainReader(ChainReader):
         return receipt_status(self.w3, tx_hash)
 
     def transfer_logs(
-        self, from_block: int, to_block: int, tokens: Sequence[str] | None
+        self,
+        from_block: int,
+        to_block: int,
+        tokens: Sequence[str] | None,
+        *,
+        sender: str | None = None,
     ) -> list[TransferLog]:
-        """ERC-20 Transfer logs of `tokens` (None: any contract) in [from_block, to_block]."""
+        """ERC-20 Transfer logs of `tokens` (None: any contract) in [from_block, to_block];
+        with `sender`, only its transfers (the node filters on the indexed `from`)."""
         if from_block < 0:
             raise ValueError(f"from_block must be >= 0, got {from_block}")
         contracts = token_list(tokens)
@@ -363,10 +388,14 @@ class Web3ChainReader(ChainReader):
         if from_block > to_block or contracts == []:
             return []
         chain_id = self.chain_id
+        topics: list[Any] = [TRANSFER_TOPIC]
+        if sender is not None:
+            topics.append("0x" + "00" * 12 + _lower_address(sender)[2:])
         logs: list[TransferLog] = []
         for start in range(from_block, to_block + 1, self.max_block_span):
             end = min(start + self.max_block_span - 1, to_block)
-            for raw in self._get_logs({"fromBlock": hex(start), "toBlock": hex(end)}, contracts):
+            span = {"fromBlock": hex(start), "toBlock": hex(end), "topics": topics}
+            for raw in self._get_logs(span, contracts):
                 transfer = decode_transfer(chain_id, raw)
                 if transfer is not None:
                     logs.append(transfer)
@@ -390,8 +419,36 @@ class Web3ChainReader(ChainReader):
             return None
         return _unique([t for t in (decode_transfer(chain_id, r) for r in raw) if t is not None])
 
-    def _get_logs(self, span: dict[str, str], contracts: list[str] | None) -> list[Any]:
-        params: dict[str, Any] = {**span, "topics": [TRANSFER_TOPIC]}
+    def transaction(self, tx_hash: str) -> TransactionFacts | None:
+        """A transaction's sender, nonce and calldata (None: the node does not know it)."""
+        tx = self._call("eth_getTransactionByHash", [tx_hash])
+        if tx is None:
+            return None
+        block = tx.get("blockNumber")
+        return TransactionFacts(
+            tx["hash"].lower(),
+            tx["from"].lower(),
+            int(tx["nonce"], 16),
+            bytes.fromhex(tx["input"][2:]),
+            None if block is None else int(block, 16),
+        )
+
+    def block_time(self, number: int) -> int:
+        """A canonical block's timestamp (Unix seconds)."""
+        blk = self._call("eth_getBlockByNumber", [hex(number), False])
+        if blk is None:
+            raise NodeError("eth_getBlockByNumber", 0, f"no block {number}")
+        return int(blk["timestamp"], 16)
+
+    def token_decimals(self, token: str) -> int | None:
+        """The token contract's `decimals()` (None: no answer, e.g. no contract there)."""
+        answer = self._call("eth_call", [{"to": checksum(token), "data": DECIMALS_CALL}, "latest"])
+        if not isinstance(answer, str) or len(answer) != 66:
+            return None
+        return int(answer, 16)
+
+    def _get_logs(self, span: dict[str, Any], contracts: list[str] | None) -> list[Any]:
+        params: dict[str, Any] = {"topics": [TRANSFER_TOPIC], **span}
         if contracts is not None:
             params["address"] = [checksum(t) for t in contracts]
         self.get_logs_calls += 1
@@ -405,8 +462,8 @@ class Web3ChainReader(ChainReader):
                 raise
             mid = (start + end) // 2
             return self._get_logs(
-                {"fromBlock": hex(start), "toBlock": hex(mid)}, contracts
-            ) + self._get_logs({"fromBlock": hex(mid + 1), "toBlock": hex(end)}, contracts)
+                {**span, "fromBlock": hex(start), "toBlock": hex(mid)}, contracts
+            ) + self._get_logs({**span, "fromBlock": hex(mid + 1), "toBlock": hex(end)}, contracts)
 
 
 def _header(blk: dict[str, Any] | None) -> BlockHeader | None:

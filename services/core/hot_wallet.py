@@ -25,13 +25,13 @@ from web3.datastructures import AttributeDict
 from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 from web3.types import TxParams
 
-from services.core.evm import connect, hex0x, receipt_status
+from services.core.erc20 import transfer_calldata
+from services.core.evm import TRANSFER_TOPIC, ChainIdMismatch, connect, hex0x, receipt_status
 
-#: 4-byte selector of `transfer(address,uint256)`.
-TRANSFER_SELECTOR = keccak(text="transfer(address,uint256)")[:4]
-#: A replacement raises both fees by at least this factor (nodes want 10 %; geth's
-#: default price bump), and never below what the network asks now.
-FEE_BUMP = 1.125
+#: `balanceOf(address)`.
+BALANCE_OF_SELECTOR = keccak(text="balanceOf(address)")[:4]
+#: Gas of a plain transfer of the native token (a cancel: zero value to oneself).
+NATIVE_TRANSFER_GAS = 21_000
 
 
 class ReceiptTimeout(TimeoutError):
@@ -53,6 +53,15 @@ class Receipt:
     block_hash: str
 
 
+@dataclass(frozen=True)
+class Market:
+    """What the network asks per gas now: the fee fields a new transaction would carry,
+    and the latest block's base fee (None on a chain without EIP-1559)."""
+
+    fees: dict[str, int]
+    base_fee: int | None
+
+
 class Erc20TransferExecutor:
     """Signs and sends ERC-20 `transfer(to, amount)` from a hot wallet key."""
 
@@ -69,6 +78,7 @@ class Erc20TransferExecutor:
         self.w3 = w3
         self._account: LocalAccount = Account.from_key(private_key)
         self._chain_id = chain_id
+        self._chain_verified = False
         self.gas_margin = gas_margin
 
     @classmethod
@@ -98,15 +108,34 @@ class Erc20TransferExecutor:
             self._chain_id = int(self.w3.eth.chain_id)
         return self._chain_id
 
+    def verify_chain(self) -> None:
+        """ChainIdMismatch unless the node serves the chain this wallet signs for (asked
+        once, then remembered): nonces, receipts and balances of another chain would be
+        judged as this one's."""
+        if self._chain_verified:
+            return
+        served = int(self.w3.eth.chain_id)
+        if self._chain_id is not None and served != self._chain_id:
+            raise ChainIdMismatch(self._chain_id, served)
+        self._chain_id = served
+        self._chain_verified = True
+
     # -- drafting and signing --------------------------------------------------------------
 
-    def draft(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
-        """The unsigned transaction without its nonce (gas and fees filled in from the node)."""
+    def draft(
+        self,
+        token_address: str,
+        to: str,
+        amount_raw: int,
+        tag: bytes = b"",
+        *,
+        fees: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """The unsigned transaction without its nonce (gas, and fees unless given, filled
+        in from the node); `tag` is appended to the calldata (deposits/payout_tag.py)."""
         if amount_raw < 0:
             raise ValueError("amount_raw must be >= 0")
-        data = TRANSFER_SELECTOR + abi_encode(
-            ["address", "uint256"], [to_checksum_address(to), amount_raw]
-        )
+        data = transfer_calldata(to_checksum_address(to), amount_raw, tag)
         tx: dict[str, Any] = {
             "to": to_checksum_address(token_address),
             "value": 0,
@@ -115,7 +144,7 @@ class Erc20TransferExecutor:
         }
         estimate = self.w3.eth.estimate_gas(cast(TxParams, {"from": self.address, **tx}))
         tx["gas"] = math.ceil(estimate * self.gas_margin)
-        tx.update(self.fees())
+        tx.update(self.fees() if fees is None else fees)
         return tx
 
     def build_transfer(self, token_address: str, to: str, amount_raw: int) -> dict[str, Any]:
@@ -125,27 +154,45 @@ class Erc20TransferExecutor:
 
     def fees(self) -> dict[str, int]:
         """The fee fields the network asks for now."""
+        return self.market().fees
+
+    def market(self) -> Market:
+        """The fee fields the network asks for now, and the latest base fee."""
         base_fee = self.w3.eth.get_block("latest").get("baseFeePerGas")
         if base_fee is None:
-            return {"gasPrice": int(self.w3.eth.gas_price)}
+            return Market({"gasPrice": int(self.w3.eth.gas_price)}, None)
         # web3 falls back to fee history when eth_maxPriorityFeePerGas is missing.
         priority = int(self.w3.eth.max_priority_fee)
         # 2x base fee absorbs six full blocks of base-fee growth before the tx stalls;
         # only base fee + tip is actually paid.
-        return {
+        fees = {
             "type": 2,
             "maxPriorityFeePerGas": priority,
             "maxFeePerGas": 2 * int(base_fee) + priority,
         }
+        return Market(fees, int(base_fee))
 
-    def bump(self, tx: dict[str, Any]) -> dict[str, Any]:
-        """`tx` with fees raised for a replacement: same nonce, calldata and gas."""
-        now = self.fees()
-        bumped = dict(tx)
-        for key in ("gasPrice", "maxFeePerGas", "maxPriorityFeePerGas"):
-            if key in tx:
-                bumped[key] = max(math.ceil(int(tx[key]) * FEE_BUMP), int(now.get(key, 0)))
-        return bumped
+    def cancel_tx(self, fees: dict[str, int]) -> dict[str, Any]:
+        """An unsigned zero-value transfer to the wallet itself with these fees: signed
+        with a payment's nonce, it makes that payment unminable."""
+        return {
+            "to": self.address,
+            "value": 0,
+            "data": "0x",
+            "gas": NATIVE_TRANSFER_GAS,
+            "chainId": self.chain_id,
+            **fees,
+        }
+
+    def token_balance(self, token_address: str, block: str = "pending") -> int:
+        """The wallet's balance of a token (base units) at `block`."""
+        data = BALANCE_OF_SELECTOR + abi_encode(["address"], [self.address])
+        call = cast(TxParams, {"to": to_checksum_address(token_address), "data": hex0x(data)})
+        return int.from_bytes(self.w3.eth.call(call, block), "big")
+
+    def native_balance(self, block: str = "pending") -> int:
+        """The wallet's balance of the chain's native token (wei) at `block`."""
+        return int(self.w3.eth.get_balance(self.address, block))
 
     def sign(self, tx: dict[str, Any], nonce: int) -> Signed:
         """Sign `tx` with `nonce` (no I/O)."""
@@ -186,12 +233,20 @@ class Erc20TransferExecutor:
         transaction with its nonce, not a missing receipt (receipts can be missing or
         stale on a lagging or load-balanced node).
 
-        `since`: a block where the nonce was still unused (the payment's signing head),
-        so the search stays within recent state (a full node keeps ~128 blocks of it).
+        `since`: a block where the nonce was still unused (the head when the payment's
+        first transaction was signed), so the search stays within recent state (a full
+        node keeps ~128 blocks of it). Should the count have passed `nonce` there
+        already, the search first steps back (1, 2, 4... blocks) to where it had not:
+        starting where the nonce was already used would never find its block.
         """
         if self.nonce(at_block) <= nonce:
             return None
         lo, hi = min(since, at_block), at_block  # count(hi) > nonce: find the first such
+        step = 1
+        while lo > 0 and self.nonce(lo) > nonce:
+            hi = lo
+            lo = max(0, lo - step)
+            step *= 2
         while lo < hi:
             mid = (lo + hi) // 2
             if self.nonce(mid) > nonce:
@@ -228,6 +283,38 @@ class Erc20TransferExecutor:
             return None
         return Receipt(
             int(receipt["status"]), int(receipt["blockNumber"]), hex0x(receipt["blockHash"]).lower()
+        )
+
+    def tagged_block(self, tag: str) -> int | None:
+        """The number of the block a tag names (`finalized`, `safe`); None when the node
+        does not offer it."""
+        try:
+            return int(self.w3.eth.get_block(tag)["number"])  # type: ignore[arg-type]
+        except Exception:  # a node without the tag answers an error
+            return None
+
+    def transferred(self, block_hash: str, tx_hash: str, token_address: str, to: str) -> int | None:
+        """The amount the transaction moved from the wallet to `to` in `token_address`'s
+        `Transfer` logs of that block, asked by the block's hash (0: none; None: the node
+        does not have the block)."""
+        wallet_topic = "0x" + "00" * 12 + self.address[2:].lower()
+        to_topic = "0x" + "00" * 12 + to_checksum_address(to)[2:].lower()
+        try:
+            logs = self.w3.eth.get_logs(
+                {
+                    "blockHash": HexBytes(block_hash),
+                    "address": to_checksum_address(token_address),
+                    "topics": [TRANSFER_TOPIC, wallet_topic, to_topic],
+                }
+            )
+        except Exception as exc:  # a node that does not have the block answers an error
+            if "not found" in str(exc).lower() or "unknown block" in str(exc).lower():
+                return None
+            raise
+        return sum(
+            int.from_bytes(HexBytes(log["data"]), "big")
+            for log in logs
+            if hex0x(log["transactionHash"]).lower() == tx_hash.lower() and not log.get("removed")
         )
 
     def known(self, tx_hash: str) -> bool:

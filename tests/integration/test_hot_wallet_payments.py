@@ -48,6 +48,7 @@ from tests.support.deposits import (
 )
 from tests.support.evm_chain import EvmChain
 from tests.support.evm_node import EvmNode
+from tests.support.paying import anvil_rig
 from tests.support.rpc_proxy import Fault, RpcProxy
 
 pytestmark = pytest.mark.integration
@@ -542,7 +543,7 @@ def test_a_replacement_never_pays_more_than_the_fee_cap(pooled: Rig) -> None:
     rig.node.min_fee_wei = first.max_fee + 1  # stuck: underpriced
     # Given a cap at what the payment already offers
     cap = Decimal(first.max_fee) / 10**9
-    capped = rig.pipeline(rig.parts(replace(SETTINGS, payment_max_fee_gwei=cap)))
+    capped = rig.pipeline(rig.parts(replace(SETTINGS, payment_max_fee_gwei={rig.chain_id: cap})))
     for _ in range(SETTINGS.payment_replace_blocks + 2):
         rig.evm.mine()
         capped.settle_round()
@@ -555,42 +556,45 @@ def test_a_replacement_never_pays_more_than_the_fee_cap(pooled: Rig) -> None:
 
 
 def test_the_ops_command_line_checks_the_chain_and_says_what_to_do(
-    pooled: Rig,
+    pg_db: Database,
     pg_url: str,
+    tenant: TenantKeys,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rig = pooled
-    deposit_id = rig.deposit(25 * USDC)
-    rig.pipeline(rig.parts()).settle_round()
-    (in_flight,) = rig.node.pooled()
-    chains = tmp_path / "chains.toml"
-    chains.write_text(chains_toml(chain_id=rig.chain_id, depth=DEPTH, usdc=rig.token))
-    for name, value in {
-        "SETTLE_DATABASE_URL": pg_url,
-        "SETTLE_ENV": "dev",
-        "SETTLE_CHAINS_FILE": str(chains),
-        f"SETTLE_RPC_URL_{rig.chain_id}": rig.proxy.url,
-        "SETTLE_HOT_WALLET_KEY": rig.hot.key.hex(),
-        "SETTLE_OPS_STUCK_AFTER_S": "0",
-    }.items():
-        monkeypatch.setenv(name, value)
-    # When ops fail the deposit from the command line while its payment is pending
-    code = cli.main(["deposits", "fail", deposit_id, "--reason", "refunded", "--by", "ops-ann"])
-    err = capsys.readouterr().err
-    # Then it is refused, naming the transaction and what to do
-    assert code == 2
-    assert err.startswith("error: conflict: ") and "may still be mined" in err
-    assert in_flight in err and "--tx" in err
-    assert rig.status(deposit_id) == IN_FLIGHT
-    # And crediting it with that very transaction waits until the chain shows it paid
-    code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
-    assert code == 2 and "it is not mined" in capsys.readouterr().err
-    rig.evm.mine(DEPTH + 1)
-    code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
-    assert code == 0, capsys.readouterr().err
-    assert rig.status(deposit_id) == states.CREDITED
+    # (on anvil: the command line's hot wallet checks the node serves the chain it names,
+    # which the in-process EVM, serving one chain id for every test's, does not)
+    with anvil_rig(pg_db, tenant.tenant_id) as rig:
+        deposit_id = rig.deposit(25 * USDC)
+        rig.pipeline(rig.parts()).settle_round()
+        (in_flight,) = rig.node.pending()
+        chains = tmp_path / "chains.toml"
+        chains.write_text(chains_toml(chain_id=rig.chain_id, depth=DEPTH, usdc=rig.token))
+        for name, value in {
+            "SETTLE_DATABASE_URL": pg_url,
+            "SETTLE_ENV": "dev",
+            "SETTLE_CHAINS_FILE": str(chains),
+            f"SETTLE_RPC_URL_{rig.chain_id}": rig.node.url,
+            "SETTLE_HOT_WALLET_KEY": rig.hot.key.hex(),
+            "SETTLE_OPS_STUCK_AFTER_S": "0",
+        }.items():
+            monkeypatch.setenv(name, value)
+        # When ops fail the deposit from the command line while its payment is pending
+        code = cli.main(["deposits", "fail", deposit_id, "--reason", "refunded", "--by", "ops-ann"])
+        err = capsys.readouterr().err
+        # Then it is refused, naming the transaction and what to do
+        assert code == 2
+        assert err.startswith("error: conflict: ") and "may still be mined" in err
+        assert in_flight in err and "--tx" in err and "not mined" in err
+        assert rig.status(deposit_id) == IN_FLIGHT
+        # And crediting it with that very transaction waits until the chain shows it paid
+        code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
+        assert code == 2 and "it is not mined" in capsys.readouterr().err
+        rig.node.mine(DEPTH + 1)
+        code = cli.main(["deposits", "credit", deposit_id, "--tx", in_flight, "--by", "ops-ann"])
+        assert code == 0, capsys.readouterr().err
+        assert rig.status(deposit_id) == states.CREDITED
 
 
 def test_a_worker_without_the_payer_leaves_an_in_flight_payment_to_one_that_has_it(

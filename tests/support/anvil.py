@@ -117,6 +117,8 @@ class AnvilNode:
             for i in range(10)
         ]
         self.deployer = self.accounts[0]
+        #: The contract each deployed token is (for its ABI).
+        self._contracts: dict[str, str] = {}
 
     # -- process ------------------------------------------------------------------------
 
@@ -236,18 +238,24 @@ class AnvilNode:
     # -- tokens -------------------------------------------------------------------------
 
     def token(self, address: str) -> Contract:
-        return self.w3.eth.contract(address=to_checksum_address(address), abi=compiled_token().abi)
+        compiled = compiled_token(self._contracts.get(to_checksum_address(address), "TestToken"))
+        return self.w3.eth.contract(address=to_checksum_address(address), abi=compiled.abi)
 
-    def deploy_token(self, symbol: str, decimals: int, name: str | None = None) -> str:
-        """Deploy a TestToken (tests/support/contracts) minted by the deployer; its address."""
-        compiled = compiled_token()
+    def deploy_token(
+        self, symbol: str, decimals: int, name: str | None = None, *, contract: str = "TestToken"
+    ) -> str:
+        """Deploy a token of tests/support/contracts (TestToken unless told) minted by the
+        deployer; its address."""
+        compiled = compiled_token(contract)
         factory = self.w3.eth.contract(abi=compiled.abi, bytecode=compiled.bytecode)
         data = factory.constructor(name or f"Test {symbol}", symbol, decimals).data_in_transaction
         tx_hash = self.send(self.deployer, {"data": data, "gas": DEPLOY_GAS}, wait=True)
         receipt = self.receipt(tx_hash)
         if not receipt or int(receipt["status"], 16) != 1 or not receipt["contractAddress"]:
-            raise RuntimeError(f"TestToken deployment failed: {receipt}")
-        return to_checksum_address(receipt["contractAddress"])
+            raise RuntimeError(f"{contract} deployment failed: {receipt}")
+        address = to_checksum_address(receipt["contractAddress"])
+        self._contracts[address] = contract
+        return address
 
     def mint(self, token: str, to: str, amount_raw: int) -> str:
         data = self.token(token).encode_abi("mint", args=[to_checksum_address(to), amount_raw])

@@ -58,6 +58,8 @@ from web3.contract import Contract
 from services.core.evm import Web3ChainReader
 
 TOKEN_SOURCE = Path(__file__).with_name("contracts") / "TestToken.vy"
+#: Where the test contracts' sources are (`compiled_token(name)`).
+CONTRACTS = TOKEN_SOURCE.parent
 
 #: Fixed gas limits: queued transactions cannot be estimated against the pending state.
 DEPLOY_GAS = 2_000_000
@@ -77,11 +79,13 @@ class CompiledContract:
 
 
 @cache
-def compiled_token() -> CompiledContract:
-    """TestToken.vy compiled with vyper's Python API (once per process)."""
+def compiled_token(name: str = "TestToken") -> CompiledContract:
+    """A token of tests/support/contracts (TestToken.vy by default) compiled with vyper's
+    Python API (once per process)."""
+    source = CONTRACTS / f"{name}.vy"
     out = vyper.compile_code(
-        TOKEN_SOURCE.read_text(encoding="utf-8"),
-        contract_path=str(TOKEN_SOURCE),
+        source.read_text(encoding="utf-8"),
+        contract_path=str(source),
         output_formats=["abi", "bytecode"],
     )
     return CompiledContract(abi=out["abi"], bytecode=out["bytecode"])

@@ -187,7 +187,8 @@ class EvmNode:
     ) -> None:
         self.chain = chain
         self.mine_sends = mine_sends
-        #: Pooled transactions paying less than this stay pending when blocks are mined.
+        #: Pooled transactions paying less than this stay pending when blocks are mined
+        #: (and the node's fee suggestions ask at least this much: the market rose).
         self.min_fee_wei = 0
         #: The transaction pool (mine_sends=False), by (sender, nonce).
         self.pool: dict[tuple[str, int], PooledTx] = {}
@@ -287,6 +288,8 @@ class EvmNode:
                 code = METHOD_NOT_FOUND
             raise RpcError(code, message)
         result = to_wire(response.get("result"))
+        if method in ("eth_maxPriorityFeePerGas", "eth_gasPrice") and self.min_fee_wei:
+            result = hex(max(quantity(result), self.min_fee_wei))
         if method == "eth_getLogs":
             return [self._block_wide(log) for log in result]
         if method == "eth_getTransactionReceipt" and result is not None:

@@ -41,11 +41,26 @@ def test_failed_and_manual_review_from_any_non_final_state(status: str) -> None:
     assert states.can_transition(status, states.MANUAL_REVIEW_REQUIRED)
 
 
-def test_manual_review_ends_only_in_credited_or_failed() -> None:
+def test_manual_review_ends_in_credited_or_failed_or_goes_back_to_settlement() -> None:
     assert states.can_transition(states.MANUAL_REVIEW_REQUIRED, states.CREDITED)
     assert states.can_transition(states.MANUAL_REVIEW_REQUIRED, states.FAILED)
-    for target in (states.SOURCE_SEEN, states.SOURCE_CONFIRMED, states.CREDIT_SUBMITTED):
+    # (ops: `settle deposits retry`, a silent move: its durable event went out before)
+    assert states.can_transition(states.MANUAL_REVIEW_REQUIRED, states.SOURCE_CONFIRMED)
+    assert states.SILENT == {states.MANUAL_REVIEW_REQUIRED: states.SOURCE_CONFIRMED}
+    for target in (states.SOURCE_SEEN, states.CREDIT_SUBMITTED):
         assert not states.can_transition(states.MANUAL_REVIEW_REQUIRED, target)
+
+
+def test_a_retried_deposits_events_are_a_sound_path() -> None:
+    # Back in settlement after review, no event: its events end at review for now
+    retried = [states.SOURCE_SEEN, states.SOURCE_CONFIRMED, states.MANUAL_REVIEW_REQUIRED]
+    assert states.path_problem(states.SOURCE_CONFIRMED, retried) is None
+    # then credited, or in review again (a fresh manual_review_required event)
+    again = [*retried, states.MANUAL_REVIEW_REQUIRED]
+    assert states.path_problem(states.MANUAL_REVIEW_REQUIRED, again) is None
+    assert states.path_problem(states.CREDITED, [*again, states.CREDITED]) is None
+    # while a deposit never in review cannot end at source_confirmed after review
+    assert states.path_problem(states.SOURCE_SEEN, retried) is not None
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""`settle deposits credit|fail`: ops resolve a deposit by hand, recording who and why.
-`settle incidents list|resolve`: the chain incidents the watchers raised (incidents.py).
+"""`settle deposits credit|fail`: ops resolve a deposit by hand, recording who and why;
+`settle deposits retry`: a deposit in manual review back into settlement.
+`settle incidents list|resolve`: the chain incidents Settle raised (incidents.py).
 
 Allowed for deposits in manual review, or stuck (no progress for
 SETTLE_OPS_STUCK_AFTER_S); also days later: the transition is emitted as its durable
@@ -56,12 +57,21 @@ def build_ops() -> Ops:
 
 
 def build_incidents() -> Incidents:
-    """The incidents use case from the environment (the CLI's own small pool)."""
+    """The incidents use case from the environment (the CLI's own small pool), with each
+    chain's hot-wallet payouts where a node and the key are set (a nonce gap is checked
+    on chain before it is resolved)."""
+    from services.core.chains import load_chains
     from services.core.config import CoreConfig
     from services.core.deposits.incidents import Incidents
+    from services.core.deposits.payout_audit import scanners_from
     from shared.db import Database
 
-    return Incidents(Database(CoreConfig.from_env().database_url, pool_size=1))
+    config = CoreConfig.from_env()
+    registry = load_chains(config.chains_file)
+    return Incidents(
+        Database(config.database_url, pool_size=1),
+        scanners=scanners_from(registry, config.rpc_urls, config.deposits),
+    )
 
 
 def _print(deposit: Deposit) -> None:
@@ -104,6 +114,18 @@ def fail(args: argparse.Namespace, ops: Ops | None = None) -> int:
     ops = ops or build_ops()
     try:
         deposit = ops.fail(args.deposit_id, args.reason.strip(), by=_operator(args.by))
+    finally:
+        if own:
+            ops.db.dispose()
+    _print(deposit)
+    return 0
+
+
+def retry(args: argparse.Namespace, ops: Ops | None = None) -> int:
+    own = ops is None
+    ops = ops or build_ops()
+    try:
+        deposit = ops.retry(args.deposit_id, by=_operator(args.by), reason=args.reason)
     finally:
         if own:
             ops.db.dispose()
@@ -179,6 +201,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reason", required=True, help="becomes the deposit's failureReason")
     p.add_argument("--by", help="who is acting (default: the OS user)")
     p.set_defaults(func=_guard(fail))
+    p = deposits.add_parser(
+        "retry", help="put a deposit in manual review back into settlement (it is paid afresh)"
+    )
+    p.add_argument("deposit_id", metavar="DEPOSIT_ID")
+    p.add_argument("--reason", help="why, for the record (e.g. the hot wallet was topped up)")
+    p.add_argument("--by", help="who is acting (default: the OS user)")
+    p.set_defaults(func=_guard(retry))
 
     incidents = sub.add_parser(
         "incidents", help="chain incidents the watchers raised (ops)"
@@ -188,7 +217,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", action="store_true", help="resolved ones too")
     p.add_argument("--limit", type=_limit, default=100, help="at most this many (1-1000)")
     p.set_defaults(func=_guard(incidents_list))
-    p = incidents.add_parser("resolve", help="close an incident, saying why")
+    p = incidents.add_parser(
+        "resolve",
+        help="close an incident, saying why (a nonce gap: checked on chain, then payments resume)",
+    )
     p.add_argument("incident_id", metavar="INCIDENT_ID")
     p.add_argument("--reason", required=True, help="what was checked or done, for the record")
     p.add_argument("--by", help="who is acting (default: the OS user)")

@@ -31,17 +31,17 @@ from services.core import outbox
 from services.core.amounts import token_units
 from services.core.chains import Asset, Chain, ChainRegistry
 from services.core.checksums import checksum
-from services.core.deposits import states, store, transitions
+from services.core.deposits import incidents, payments, states, store, transitions
 from services.core.deposits.models import (
     LIVE_SOURCE,
     TRANSFER_IDENTITY,
-    ChainIncident,
     Deposit,
     StrayTransfer,
 )
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import net_usd
 from services.core.deposits.serialize import deposit_document
+from services.core.deposits.settlement import DIRECT, INVENTORY
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
@@ -63,9 +63,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 
 #: Incident kind: a confirmed or credited deposit whose block left the canonical chain.
-DEEP_REORG = "deep_reorg"
+DEEP_REORG = incidents.DEEP_REORG
 #: Review reason of a confirmed, unpaid deposit whose block left the canonical chain.
-REVIEW_SOURCE_REORGED = "source_reorged"
+REVIEW_SOURCE_REORGED = states.REVIEW_SOURCE_REORGED
 #: Deposits inserted per statement (about 45 parameters each).
 INSERT_CHUNK = 500
 
@@ -117,6 +117,7 @@ _DOCUMENT_COLUMNS = (
     "credit_tx_hash",
     "failure_reason",
     "review_reason",
+    "wait_reason",
     "sandbox",
     "created_at",
     "updated_at",
@@ -361,6 +362,8 @@ def deposit_row(
         "confirmed_at": None,
         "credited_at": None,
         "source_vanished_at": None,
+        "wait_reason": None,
+        "waiting_since": None,
     }
 
 
@@ -760,44 +763,43 @@ class Detection:
                 deposit = store.lock(session, row.id)
                 if deposit is None or deposit.block_hash != row.block_hash:
                     continue
-                already = session.scalar(
-                    sa.select(sa.func.count())
-                    .select_from(ChainIncident)
-                    .where(
-                        ChainIncident.deposit_id == deposit.id,
-                        ChainIncident.kind == DEEP_REORG,
-                        ChainIncident.block_number == deposit.block_number,
-                        ChainIncident.resolved_at.is_(None),
-                    )
-                )
-                if already:
-                    continue
                 detail = (
                     f"{deposit.status} deposit {deposit.id}: its block {deposit.block_number} "
                     f"({deposit.block_hash}) left the canonical chain (fork at {fork_from}); "
                     f"transfer {deposit.source_tx_hash}"
                 )
-                session.add(
-                    ChainIncident(
-                        chain_id=chain_id,
-                        kind=DEEP_REORG,
-                        deposit_id=deposit.id,
-                        block_number=deposit.block_number,
-                        detail=detail,
-                        created_at=now,
-                    )
+                paying = payments.is_payment_ref(deposit.provider_ref)
+                if paying:
+                    detail += "; its payout, if not mined yet, is cancelled"
+                incident = incidents.raise_once(
+                    session,
+                    chain_id,
+                    DEEP_REORG,
+                    detail,
+                    now,
+                    deposit_id=deposit.id,
+                    block_number=deposit.block_number,
                 )
+                if incident is None:
+                    continue  # raised when this block left the chain before
                 log.critical("chain %s: %s", chain_id, detail)
-                if (
-                    deposit.status == states.SOURCE_CONFIRMED
-                    and deposit.settle_phase is None
-                    and deposit.provider_ref is None  # not being paid (a payment in flight)
+                if paying:
+                    # Its payout may still be unmined: the settlement loop (which has the
+                    # hot wallet) signs a cancel with its nonce, and never pays it again.
+                    payments.request_cancel(
+                        session, deposit.id, f"block {deposit.block_number} left the chain", now
+                    )
+                elif deposit.status == states.SOURCE_CONFIRMED and (
+                    deposit.settle_phase is None or deposit.route in (DIRECT, INVENTORY)
                 ):
+                    # Not being paid, or its hot-wallet payout being drafted (nothing signed
+                    # yet; clearing `settle_phase` drops that draft): a person decides.
                     transitions.review(
                         session,
                         deposit,
                         now,
                         f"{REVIEW_SOURCE_REORGED}: block {deposit.block_number} left the chain",
+                        settle_phase=None,
                     )
                 raised += 1
         return raised

@@ -16,6 +16,17 @@
   `settle_hot_wallet_payment_oldest_seconds{chain_id}`: hot-wallet payments signed and
   not yet settled, and the age of the oldest. Alert on the age (e.g. > 600 s): a payment
   that neither lands nor is replaced holds every later credit of that wallet back.
+- `settle_payments_waiting_fee_cap{chain_id}`: payouts the market prices over the
+  chain's cap (SETTLE_PAYMENT_MAX_FEE_GWEI): in-flight payments whose replacement is held
+  back, and deposits whose first payout is not signed. Page on > 0: they wait, they do
+  not bid up; raise the cap or wait for the market.
+- `settle_payments_replacements_exhausted{chain_id}`: in-flight payments replaced the
+  most times allowed (SETTLE_PAYMENT_MAX_REPLACEMENTS) and still not mined. Page on > 0.
+- `settle_deposits_waiting{chain_id,reason}`: deposits whose settlement waits and tries
+  again by itself (`waitReason`), by destination chain: `hot_wallet_insufficient_balance`
+  (top the wallet up), `payments_paused` (an open incident: a nonce gap), `fee_cap`.
+- `settle_hot_wallet_short{chain_id,asset}`: 1 while the hot wallet holds too little of a
+  token (or of gas: the chain's native symbol) for a payout waiting there.
 """
 
 from __future__ import annotations
@@ -27,12 +38,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.core.deposits import states
+from services.core.deposits.gas_pricing import STALLED_FEE_CAP, STALLED_MAX_REPLACEMENTS
 from services.core.deposits.models import (
     OPEN_DEPOSITS,
     ChainCursor,
     ChainIncident,
     Deposit,
     HotWalletPayment,
+    HotWalletShortfall,
     StrayTransfer,
 )
 from shared.db import Database
@@ -78,8 +91,55 @@ class ChainCollector(Collector):
             "reading at finality passed them: alert)",
             labels=["chain_id"],
         )
+        fee_cap = GaugeMetricFamily(
+            "settle_payments_waiting_fee_cap",
+            "Payouts the market prices over the chain's cap: payments not replaced, and "
+            "deposits whose payout is not signed (they wait: alert)",
+            labels=["chain_id"],
+        )
+        exhausted = GaugeMetricFamily(
+            "settle_payments_replacements_exhausted",
+            "In-flight payments replaced the most times allowed and still not mined (alert)",
+            labels=["chain_id"],
+        )
+        waiting = GaugeMetricFamily(
+            "settle_deposits_waiting",
+            "Deposits whose settlement waits and tries again by itself, by destination chain",
+            labels=["chain_id", "reason"],
+        )
+        short = GaugeMetricFamily(
+            "settle_hot_wallet_short",
+            "1 while the hot wallet holds too little of a token (or of gas) for a payout",
+            labels=["chain_id", "asset"],
+        )
         now = utcnow()
+        capped: dict[int, int] = {}
         with self._db.reader() as session:
+            for chain_id, stalled, count in session.execute(
+                sa.select(HotWalletPayment.chain_id, HotWalletPayment.stalled, sa.func.count())
+                .where(
+                    HotWalletPayment.resolved_at.is_(None), HotWalletPayment.stalled.is_not(None)
+                )
+                .group_by(HotWalletPayment.chain_id, HotWalletPayment.stalled)
+            ):
+                if stalled == STALLED_FEE_CAP:
+                    capped[chain_id] = capped.get(chain_id, 0) + count
+                elif stalled == STALLED_MAX_REPLACEMENTS:
+                    exhausted.add_metric([str(chain_id)], count)
+            for chain_id, reason, count in session.execute(
+                sa.select(Deposit.dest_chain_id, Deposit.wait_reason, sa.func.count())
+                .where(Deposit.wait_reason.is_not(None), sa.text(OPEN_DEPOSITS))
+                .group_by(Deposit.dest_chain_id, Deposit.wait_reason)
+            ):
+                waiting.add_metric([str(chain_id), reason], count)
+                if reason == states.WAIT_FEE_CAP:
+                    capped[chain_id] = capped.get(chain_id, 0) + count
+            for chain_id, count in capped.items():
+                fee_cap.add_metric([str(chain_id)], count)
+            for chain_id, asset in session.execute(
+                sa.select(HotWalletShortfall.chain_id, HotWalletShortfall.asset)
+            ):
+                short.add_metric([str(chain_id), asset], 1)
             for chain_id, count, first in session.execute(
                 sa.select(
                     HotWalletPayment.chain_id,
@@ -131,6 +191,10 @@ class ChainCollector(Collector):
         yield under_final
         yield in_flight
         yield oldest
+        yield fee_cap
+        yield exhausted
+        yield waiting
+        yield short
 
 
 #: Deposits not yet final, as `settle_deposits_pending` reports them.

@@ -145,6 +145,11 @@ class Deposit(CoreBase):
     credited_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: When the watcher failed it because its transfer left the chain (see LIVE_SOURCE).
     source_vanished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: Why settlement waits and retries by itself (`rules.WAIT_REASONS`); None when not
+    #: waiting. Shown as `waitReason`.
+    wait_reason: Mapped[str | None] = mapped_column(sa.String(60), nullable=True)
+    #: When the current wait began (a short hot wallet's wait is bounded).
+    waiting_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     @property
     def destination(self) -> Destination:
@@ -208,8 +213,8 @@ class RouteProviderHealth(CoreBase):
 
 
 class ChainIncident(CoreBase):
-    """Something on a chain a person must look at (a `deep_reorg`: a confirmed or
-    credited deposit whose block left the canonical chain). Open until `resolved_at`."""
+    """Something on a chain a person must look at (kinds: `incidents.KINDS`). Open until
+    `resolved_at`; a `nonce_gap` pauses the chain's payments until then."""
 
     __tablename__ = "chain_incidents"
     __table_args__ = (
@@ -224,6 +229,9 @@ class ChainIncident(CoreBase):
     deposit_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
     block_number: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     detail: Mapped[str] = mapped_column(sa.Text)
+    #: What it is about, as data read by the code that resolves it (a nonce gap's
+    #: wallet and nonces, a token's decimals); None for kinds that need none.
+    facts: Mapped[dict[str, object] | None] = mapped_column(JSONType, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -282,7 +290,7 @@ class HotWalletPayment(CoreBase):
     Written in the transaction that marks the payment started, before anything is
     broadcast. Replacements keep the nonce and calldata (so at most one of `tx_hashes`
     can ever be mined); `raw_tx` is the latest, the one broadcast again while unknown.
-    Open until `resolved_at` (`outcome`: `mined`, `reverted`, `nonce_used`, `ops`).
+    Open until `resolved_at` (`outcome`: `mined`, `failed`, `cancelled`, `ops`).
     """
 
     __tablename__ = "hot_wallet_payments"
@@ -307,6 +315,19 @@ class HotWalletPayment(CoreBase):
     tx_hashes: Mapped[list[str]] = mapped_column(JSONType)
     #: The chain's head when `raw_tx` was signed: a replacement is due N blocks later.
     signed_block: Mapped[int] = mapped_column(sa.BigInteger)
+    #: The chain's head when the first transaction was signed (its nonce unused there):
+    #: where the search for what used the nonce starts, whatever the replacements.
+    first_signed_block: Mapped[int] = mapped_column(sa.BigInteger)
+    #: Why a due replacement is held back (`fee_cap`, `max_replacements`), and since
+    #: when; None while it may be replaced.
+    stalled: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
+    stalled_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: Set when the payout must not happen (its deposit's transfer left the chain): the
+    #: poll then signs `cancel_raw_tx`, a zero-value transfer to the wallet itself with
+    #: the payment's nonce, stored before it is broadcast.
+    cancel_reason: Mapped[str | None] = mapped_column(sa.String(300), nullable=True)
+    cancel_raw_tx: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    cancel_tx_hash: Mapped[str | None] = mapped_column(sa.String(66), nullable=True)
     outcome: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
     #: True once the "old in-flight payment" log line was written.
     alerted: Mapped[bool] = mapped_column(sa.Boolean, default=False)
@@ -318,3 +339,22 @@ class HotWalletPayment(CoreBase):
     def ref(self) -> str:
         """The deposit's `provider_ref` while this payment is in flight."""
         return f"{PAYMENT_REF}{self.id}"
+
+
+class HotWalletShortfall(CoreBase):
+    """The hot wallet short of a token (or of gas: the zero address) on a chain.
+
+    One row per dip: written (and `inventory.low_balance` emitted) when a payout first
+    finds the balance short, deleted when a payout finds it sufficient again.
+    """
+
+    __tablename__ = "hot_wallet_shortfalls"
+
+    chain_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    token_address: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    asset: Mapped[str] = mapped_column(sa.String(20))
+    wallet: Mapped[str] = mapped_column(sa.String(42))
+    #: Token units as decimal text: what the wallet held, what the payout needed.
+    balance: Mapped[str] = mapped_column(sa.String(80))
+    needed: Mapped[str] = mapped_column(sa.String(80))
+    since: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,8 +1,10 @@
-"""Ops resolve a deposit by hand (`settle deposits credit|fail`), recording who and why.
+"""Ops resolve a deposit by hand (`settle deposits credit|fail`), recording who and why,
+or put one in manual review back into settlement (`settle deposits retry`).
 
-Allowed for deposits in manual review at any time, and for others only after
-SETTLE_OPS_STUCK_AFTER_S without progress and with no payment in flight (the rule is
-`rules.ops_refusal`). A late transition is emitted as its durable event like any other.
+Allowed for deposits in manual review at any time, for deposits waiting (`waitReason`:
+nothing in flight), and for others only after SETTLE_OPS_STUCK_AFTER_S without progress
+and with no payment in flight (the rule is `rules.ops_refusal`). A late transition is
+emitted as its durable event like any other.
 
 Whatever the status, a deposit with a hot-wallet payment that may still be mined is
 refused (a manual payment plus the late original would pay twice): unless `--tx` is
@@ -61,6 +63,7 @@ class Ops:
             deposit.id,
             deposit.status,
             payment_in_flight=deposit.settle_phase is not None,
+            waiting=deposit.wait_reason is not None and deposit.provider_ref is None,
             updated_at=deposit.updated_at,
             now=now,
             stuck_after_s=self.settings.ops_stuck_after_s,
@@ -111,9 +114,7 @@ class Ops:
                 "SETTLE_HOT_WALLET_KEY are not both set here)"
             )
         try:
-            seen = payer.observe(
-                payment.tx_hashes, payment.nonce, chain.confirmations, payment.signed_block
-            )
+            seen = payer.observe(payments.PaymentView.of(payment), chain)
         except Exception as exc:  # cannot prove anything: refuse
             return f"the node could not be asked ({type(exc).__name__}: {exc})"[:300]
         return seen, chain.confirmations
@@ -125,10 +126,11 @@ class Ops:
             return observed
         seen, depth = observed
         if seen.mined is not None:
-            tx, status, _ = seen.mined
+            mined = seen.mined
             return (
-                f"transaction {tx} is mined (status {status}, {seen.confirmations()} of "
-                f"{depth} confirmations)"
+                f"transaction {mined.tx_hash} is mined (status {mined.status}, "
+                f"{seen.confirmations()} of {depth} confirmations"
+                + (")" if mined.final else ", not final yet)")
             )
         if seen.nonce_used:
             return None
@@ -140,15 +142,21 @@ class Ops:
         if isinstance(observed, str):
             return observed
         seen, depth = observed
-        if seen.mined is None:
+        mined = seen.mined
+        if mined is None:
             return "it is not mined"
-        tx, status, _ = seen.mined
-        if tx != tx_hash:
-            return f"the payment's mined transaction is {tx}"
-        if status != 1:
+        if mined.tx_hash != tx_hash:
+            return f"the payment's mined transaction is {mined.tx_hash}"
+        if mined.status != 1:
             return "it reverted (status 0)"
-        if seen.confirmations() < depth:
-            return f"it has {seen.confirmations()} of the chain's {depth} confirmations"
+        if not mined.final:
+            return (
+                f"it has {seen.confirmations()} confirmations and is not final yet (the "
+                f"chain's {depth} confirmations, and its finalized block where it has one)"
+            )
+        _, _, amount = payments.PaymentView.of(payment).transfer()
+        if mined.transferred != amount:
+            return f"its Transfer logs moved {mined.transferred} of {amount} base units"
         return None
 
     def credit(self, deposit_id: str, tx_hash: str, *, by: str, reason: str | None) -> Deposit:
@@ -190,6 +198,36 @@ class Ops:
             after = {"status": deposit.status, "creditTxHash": tx_hash, "reason": reason}
             change = Change("deposit.credited_by_ops", "deposit", deposit.id, before, after)
             record(session, deposit.tenant_id, change, Actor.ops(by), log=self.audit_log)
+            return deposit
+
+    def retry(self, deposit_id: str, *, by: str, reason: str | None) -> Deposit:
+        """Put a deposit in manual review back into settlement: the pipeline settles it
+        afresh (the fee and net decided at its first settlement stay). Refused where
+        settling it again could pay twice or cannot work; those are credited or failed
+        by hand."""
+        if not DEPOSIT_ID.match(deposit_id):
+            raise NotFound(f"no deposit {deposit_id[:60]}")
+        now = self.clock()
+        with self.db.transaction() as session:
+            deposit = store.lock(session, deposit_id)
+            if deposit is None:
+                raise NotFound(f"no deposit {deposit_id}")
+            if deposit.status != states.MANUAL_REVIEW_REQUIRED:
+                raise Conflict(
+                    f"deposit {deposit_id} is {deposit.status}: only a deposit in "
+                    "manual_review_required can be put back into settlement"
+                )
+            why_not = rules.retry_refusal(deposit.review_reason or "")
+            if why_not is not None:
+                raise Conflict(f"deposit {deposit_id} cannot be retried: {why_not}")
+            if payments.open_payment(session, deposit.id) is not None:
+                raise Conflict(
+                    f"deposit {deposit_id} has a hot-wallet payment that is not settled: "
+                    "credit or fail it (settle deposits credit|fail)"
+                )
+            transitions.back_to_settlement(
+                session, deposit, now, ops_by=by, ops_reason=reason, ops_at=now
+            )
             return deposit
 
     def fail(self, deposit_id: str, reason: str, *, by: str) -> Deposit:

@@ -145,11 +145,13 @@ def ops_refusal(
     updated_at: datetime,
     now: datetime,
     stuck_after_s: float,
+    waiting: bool = False,
 ) -> str | None:
-    """Why ops may not resolve this deposit by hand now; None when they may."""
+    """Why ops may not resolve this deposit by hand now; None when they may (in review,
+    waiting with nothing in flight, or stuck)."""
     if states.is_final(status):
         return f"deposit {deposit_id} is already {status}"
-    if status == states.MANUAL_REVIEW_REQUIRED:
+    if status == states.MANUAL_REVIEW_REQUIRED or (waiting and not payment_in_flight):
         return None
     stuck_after = timedelta(seconds=stuck_after_s)
     if payment_in_flight or now - updated_at < stuck_after:
@@ -158,4 +160,25 @@ def ops_refusal(
             "ops may resolve deposits in manual_review_required, or others after "
             f"{int(stuck_after.total_seconds())} s without progress"
         )
+    return None
+
+
+#: Review reasons `settle deposits retry` refuses, and why: settling again could pay
+#: twice, or cannot work. A person credits or fails those by hand.
+_NOT_RETRIED = {
+    states.REVIEW_SETTLEMENT_INTERRUPTED: "a route provider's call never came back and may "
+    "have paid; check it, then credit or fail the deposit",
+    states.REVIEW_SOURCE_REORGED: "its transfer left the chain; check it, then credit or fail",
+    states.REVIEW_PAYOUT_NOT_TRANSFERRED: "a payout of it was mined; check what it moved, then "
+    "credit or fail the deposit",
+    states.REVIEW_UNSUPPORTED_TOKEN: "its token is not supported",
+    states.REVIEW_SANDBOX: "a sandbox outcome is what it rehearses",
+}
+
+
+def retry_refusal(review_reason: str) -> str | None:
+    """Why a deposit in review with this reason may not be put back into settlement."""
+    for reason, why in _NOT_RETRIED.items():
+        if review_reason == reason or review_reason.startswith(f"{reason}:"):
+            return why
     return None

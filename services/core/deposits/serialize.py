@@ -121,6 +121,14 @@ class DepositSchema(Schema):
         },
     )
     review_reason = ma.fields.String(required=True, allow_none=True)
+    wait_reason = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={
+            "enum": [*states.WAIT_REASONS, None],
+            "description": "Why settlement waits; it tries again by itself (null: not waiting).",
+        },
+    )
     sandbox = ma.fields.Boolean(required=True)
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
@@ -185,6 +193,7 @@ def deposit_document(deposit: Any) -> dict[str, Any]:
         "creditTxHash": deposit.credit_tx_hash,
         "failureReason": deposit.failure_reason,
         "reviewReason": deposit.review_reason,
+        "waitReason": deposit.wait_reason,
         "sandbox": bool(deposit.sandbox),
         "createdAt": _time(deposit.created_at),
         "updatedAt": _time(deposit.updated_at),

@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
+from services.core.chains import Chain
 from shared.settings import SettingsError, env_bool, env_float, env_int, env_str
 
+#: The key of a setting given for every chain (no chain has id 0).
+ALL_CHAINS = 0
 #: `chainId:SYMBOL=balance[@threshold]`, comma-separated.
 _INVENTORY_ITEM = re.compile(r"^\s*(\d+):([A-Za-z0-9._-]+)=([0-9.]+)(?:@([0-9.]+))?\s*$")
 
@@ -66,9 +69,17 @@ class PipelineSettings:
     #: Blocks a hot-wallet payment may stay unmined before it is replaced (same nonce
     #: and calldata, higher fees).
     payment_replace_blocks: int = 12
-    #: Highest fee per gas (gwei) a replacement may offer (None: no cap). A payment
-    #: whose replacement would pass it waits, alerting, rather than outbid it.
-    payment_max_fee_gwei: Decimal | None = None
+    #: Highest fee per gas (gwei) a payment may offer, by chain id (ALL_CHAINS: every
+    #: chain), over the chains file's `payment_max_fee_gwei`. A payout the market prices
+    #: over it waits, alerting, rather than bid up (`fee_cap_gwei`).
+    payment_max_fee_gwei: Mapping[int, Decimal] = field(default_factory=dict)
+    #: Replacements a hot-wallet payment may have; past it, it waits (alerting).
+    payment_max_replacements: int = 5
+    #: Seconds a deposit may wait for a hot wallet short of its token or of gas before a
+    #: person is asked (manual review, `hot_wallet_insufficient_balance`).
+    hot_wallet_wait_s: float = 21600.0
+    #: Seconds between tries of a waiting deposit (`waitReason`).
+    wait_retry_s: float = 30.0
     #: Seconds after which an in-flight hot-wallet payment is logged (once) as old;
     #: `settle_hot_wallet_payment_oldest_seconds` shows it all along.
     payment_alert_s: float = 600.0
@@ -95,6 +106,14 @@ class PipelineSettings:
     #: Hot wallet balances under which `settle_hot_wallet_balance` alerts.
     hot_wallet_minimums: tuple[BalanceMinimum, ...] = ()
 
+    def fee_cap_gwei(self, chain: Chain | None) -> Decimal | None:
+        """The chain's cap on a payment's fee per gas: the setting for the chain, else the
+        setting for every chain, else the chains file's (None: no cap)."""
+        if chain is None:
+            return self.payment_max_fee_gwei.get(ALL_CHAINS)
+        caps = self.payment_max_fee_gwei
+        return caps.get(chain.chain_id, caps.get(ALL_CHAINS, chain.payment_max_fee_gwei))
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PipelineSettings:
         """The settings in `env` (CoreConfig.from_env's part; nothing else reads them)."""
@@ -115,7 +134,12 @@ class PipelineSettings:
             stuck_payment_s=_non_negative(env, "SETTLE_STUCK_PAYMENT_S", 300.0),
             payment_replace_blocks=max(1, env_int(env, "SETTLE_PAYMENT_REPLACE_BLOCKS", 12)),
             payment_alert_s=_non_negative(env, "SETTLE_PAYMENT_ALERT_S", 600.0),
-            payment_max_fee_gwei=_optional_decimal(env, "SETTLE_PAYMENT_MAX_FEE_GWEI"),
+            payment_max_fee_gwei=parse_fee_caps(
+                env_str(env, "SETTLE_PAYMENT_MAX_FEE_GWEI", "") or ""
+            ),
+            payment_max_replacements=max(0, env_int(env, "SETTLE_PAYMENT_MAX_REPLACEMENTS", 5)),
+            hot_wallet_wait_s=_non_negative(env, "SETTLE_HOT_WALLET_WAIT_S", 21600.0),
+            wait_retry_s=_non_negative(env, "SETTLE_WAIT_RETRY_S", 30.0),
             ops_stuck_after_s=_non_negative(env, "SETTLE_OPS_STUCK_AFTER_S", 1800.0),
             simulated_settlement=env_bool(env, "SETTLE_SIMULATED_SETTLEMENT", dev),
             simulated_bridge_s=_non_negative(env, "SETTLE_SIMULATED_BRIDGE_S", 1.0),
@@ -160,9 +184,17 @@ def parse_prices(text: str) -> dict[str, Decimal]:
     return prices
 
 
-def _optional_decimal(env: Mapping[str, str], name: str) -> Decimal | None:
-    text = (env_str(env, name, "") or "").strip()
-    return _decimal(text, name) if text else None
+def parse_fee_caps(text: str) -> dict[int, Decimal]:
+    """`200` (every chain) or `1=200,137=3000` (by chain id), or both: gwei per gas."""
+    caps: dict[int, Decimal] = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        chain, sep, value = item.rpartition("=")
+        if sep and not chain.strip().isdigit():
+            raise SettingsError(f"SETTLE_PAYMENT_MAX_FEE_GWEI: {item!r} is not [chainId=]gwei")
+        caps[int(chain) if sep else ALL_CHAINS] = _decimal(
+            value.strip(), "SETTLE_PAYMENT_MAX_FEE_GWEI"
+        )
+    return caps
 
 
 def parse_price_source(text: str) -> str:

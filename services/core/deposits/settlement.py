@@ -28,9 +28,16 @@ from eth_utils import keccak
 from sqlalchemy.orm import Session
 
 from services.core import outbox
-from services.core.chains import ChainRegistry
-from services.core.deposits.models import Deposit, InventoryBalance, RouteProviderHealth
+from services.core.chains import Chain, ChainRegistry
+from services.core.deposits import gas_pricing
+from services.core.deposits.models import (
+    Deposit,
+    HotWalletShortfall,
+    InventoryBalance,
+    RouteProviderHealth,
+)
 from services.core.deposits.settings import InventorySeed
+from services.core.deposits.states import WAIT_FEE_CAP, WAIT_HOT_WALLET_SHORT, WAIT_PAYMENTS_PAUSED
 from services.core.models import DepositAccount
 from shared import events
 from shared.db import Database
@@ -39,8 +46,8 @@ from shared.timefmt import iso_ms, utcnow
 if TYPE_CHECKING:
     # Not at run time: hot_wallet imports web3, which the API processes must not load
     # (its py_ecc raises the recursion limit to 100000); only the paying worker needs it.
-    from services.core.deposits.payments import Draft, Observation
-    from services.core.hot_wallet import Erc20TransferExecutor, Signed
+    from services.core.deposits.payments import Draft, Observation, PaymentView
+    from services.core.hot_wallet import Erc20TransferExecutor, Market, Signed
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,9 @@ class CreditOrder:
     #: Destination token units (already net of the fee).
     amount: Decimal
     net_usd: Decimal
+    #: What a hot-wallet payout appends to its calldata (`payout_tag`): its deposit,
+    #: readable from the chain alone.
+    tag: bytes = b""
 
     @property
     def amount_raw(self) -> int:
@@ -105,7 +115,45 @@ class Failed:
     final: bool = False
 
 
-Outcome = Credited | InFlight | Failed
+@dataclass(frozen=True)
+class Shortfall:
+    """The hot wallet holds less of a token (or of gas: `token_address` is the zero
+    address, `asset` the native symbol) than a payout needs; token units."""
+
+    chain_id: int
+    token_address: str
+    asset: str
+    wallet: str
+    balance: Decimal
+    needed: Decimal
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The credit cannot be paid now, for a reason that passes by itself: nothing was
+    signed, no attempt is spent, the deposit shows `waitReason` and is tried again."""
+
+    reason: str
+    detail: str
+    shortfall: Shortfall | None = None
+
+
+@dataclass(frozen=True)
+class NeedsReview:
+    """The credit's payment ended in a way only a person can judge (no retry)."""
+
+    reason: str
+
+
+Outcome = Credited | InFlight | Failed | Waiting | NeedsReview
+
+
+class PayerWaits(Exception):
+    """A payer cannot pay now (`Waiting` says why); raised before anything is signed."""
+
+    def __init__(self, waiting: Waiting) -> None:
+        super().__init__(waiting.detail)
+        self.waiting = waiting
 
 
 class Route(Protocol):
@@ -274,39 +322,128 @@ class SimulatedBridge:
         return None
 
 
+class Readiness(Protocol):
+    """Whether a chain's node is the chain the chains file describes (`ChainCheck`)."""
+
+    problem: str | None
+
+    def ready(self) -> bool: ...
+
+
+#: The token address a shortfall of gas names (the chain's native token).
+NATIVE_TOKEN = "0x0000000000000000000000000000000000000000"
+NATIVE_DECIMALS = 18
+
+
 class EvmPayer:
     """Pays with an ERC-20 `transfer` from the hot wallet on the destination chain.
 
     Idempotent by nonce (`deposits/payments.py`): the settling steps draft, sign, store
     and only then broadcast; afterwards they observe the payment and broadcast the same
-    bytes again, or a replacement with the same nonce, never a new payment. So a step
-    that never came back (a crash) may safely run again.
+    bytes again, a replacement with the same nonce, or its cancel, never a new payment.
+    So a step that never came back (a crash) may safely run again.
+
+    `check`: the chain's node against the chains file (shared with its watcher); until
+    it passes, drafting waits (`payments_paused`) and observing fails (unknown).
     """
 
     idempotent = True
     instant = False
 
-    def __init__(self, executor: Erc20TransferExecutor, *, name: str = "hot-wallet") -> None:
+    def __init__(
+        self,
+        executor: Erc20TransferExecutor,
+        *,
+        check: Readiness | None = None,
+        name: str = "hot-wallet",
+    ) -> None:
         self.executor = executor
+        self.check = check
         self.name = name
 
     @property
     def wallet(self) -> str:
         return self.executor.address
 
-    def draft(self, order: CreditOrder) -> Draft:
-        """The unsigned transfer (gas and fees from the node), the pending nonce, the head."""
+    def _verify(self) -> None:
+        """The node is the chain's, or ChainIdMismatch / PayerWaits."""
+        if self.check is not None and not self.check.ready():
+            raise PayerWaits(
+                Waiting(
+                    WAIT_PAYMENTS_PAUSED,
+                    self.check.problem or "the chain's node is not checked yet",
+                )
+            )
+        self.executor.verify_chain()
+
+    def draft(self, order: CreditOrder, cap: int | None = None) -> Draft:
+        """The unsigned transfer, the pending nonce, the head; PayerWaits (nothing signed)
+        when the wallet is short of the token or of gas, or the market is over `cap` (wei
+        per gas)."""
         from services.core.deposits.payments import Draft
+        from services.core.evm import ChainIdMismatch
 
         executor = self.executor
-        tx = executor.draft(order.dest_token_address, order.dest_address, order.amount_raw)
+        try:
+            self._verify()
+        except ChainIdMismatch as exc:
+            raise PayerWaits(Waiting(WAIT_PAYMENTS_PAUSED, str(exc))) from exc
+        token = order.dest_token_address
+        balance = executor.token_balance(token)
+        if balance < order.amount_raw:
+            raise PayerWaits(
+                self._short(
+                    order, token, order.dest_asset, order.dest_decimals, balance, order.amount_raw
+                )
+            )
+        market = executor.market()
+        fees = gas_pricing.within_cap(market.fees, market.base_fee, cap)
+        if fees is None:
+            raise PayerWaits(
+                Waiting(
+                    WAIT_FEE_CAP,
+                    f"the market asks {gas_pricing.offered(market.fees)} wei per gas on chain "
+                    f"{order.dest_chain_id}, over its cap of {cap} (SETTLE_PAYMENT_MAX_FEE_GWEI)",
+                )
+            )
+        tx = executor.draft(token, order.dest_address, order.amount_raw, order.tag, fees=fees)
+        gas_cost = int(tx["gas"]) * gas_pricing.offered(tx)
+        native = executor.native_balance()
+        if native < gas_cost:
+            raise PayerWaits(
+                self._short(order, NATIVE_TOKEN, "native", NATIVE_DECIMALS, native, gas_cost)
+            )
         return Draft(tx, executor.nonce("pending"), executor.head())
+
+    def _short(
+        self, order: CreditOrder, token: str, asset: str, decimals: int, balance: int, needed: int
+    ) -> Waiting:
+        shortfall = Shortfall(
+            order.dest_chain_id,
+            token,
+            asset,
+            self.wallet,
+            Decimal(balance).scaleb(-decimals),
+            Decimal(needed).scaleb(-decimals),
+        )
+        what = "gas" if token == NATIVE_TOKEN else asset
+        return Waiting(
+            WAIT_HOT_WALLET_SHORT,
+            f"the hot wallet {self.wallet} holds {shortfall.balance} {what} on chain "
+            f"{order.dest_chain_id}; the payout needs {shortfall.needed}",
+            shortfall,
+        )
 
     def sign(self, tx: dict[str, Any], nonce: int) -> Signed:
         return self.executor.sign(tx, nonce)
 
-    def bump(self, tx: dict[str, Any]) -> dict[str, Any]:
-        return self.executor.bump(tx)
+    def market(self) -> Market:
+        return self.executor.market()
+
+    def sign_cancel(self, tx: dict[str, Any], nonce: int) -> Signed:
+        """A zero-value transfer to the wallet itself with `nonce`, priced to replace `tx`."""
+        fees = gas_pricing.cancel_fees(tx, self.executor.market())
+        return self.executor.sign(self.executor.cancel_tx(fees), nonce)
 
     def broadcast(self, raw: str) -> None:
         """Broadcast signed bytes; an error is logged, never raised: the payment is stored
@@ -321,20 +458,23 @@ class EvmPayer:
                 exc,
             )
 
-    def observe(self, hashes: Sequence[str], nonce: int, depth: int, since: int = 0) -> Observation:
-        """What the chain says about a payment of `hashes` (all with `nonce`), signed at
-        block `since` (its nonce still unused there)."""
-        from services.core.deposits.payments import Observation
+    def observe(self, payment: PaymentView, chain: Chain) -> Observation:
+        """What the chain says about a payment (every transaction of its nonce), judged
+        at the chain's finality (`Chain.final_height`)."""
+        from services.core.deposits.payments import Mined, Observation
 
+        self._verify()
         executor = self.executor
         head = executor.head()
-        settled_at = max(0, head - depth + 1)
+        tag = chain.finality_tag
+        final_at = chain.final_height(head, executor.tagged_block(tag) if tag else None)
         # The nonce first, receipts after: a transaction mined in between shows up in
         # its receipt.
-        settled_nonce = executor.nonce(settled_at)
+        settled_nonce = executor.nonce(max(0, final_at))
+        candidates = payment.candidates
         mined = None
         stale = False
-        for tx_hash in hashes:
+        for tx_hash in candidates:
             receipt = executor.receipt(tx_hash)
             if receipt is None:
                 continue
@@ -344,17 +484,33 @@ class EvmPayer:
                 log.warning("receipt of %s is from a non-canonical block", tx_hash)
                 stale = True
                 continue
-            mined = (tx_hash, receipt.status, receipt.block_number)
+            final = receipt.block_number <= final_at
+            moved = None
+            if final and receipt.status == 1 and tx_hash != payment.cancel_tx_hash:
+                # Paid is the token's Transfer log to the destination, asked by the block's
+                # hash: a status 1 alone is not (a token may answer `false`, or move less).
+                token, to, _ = payment.transfer()
+                moved = executor.transferred(receipt.block_hash, tx_hash, token, to)
+            mined = Mined(tx_hash, receipt.status, receipt.block_number, final, moved)
             break
         nonce_used = False
-        if mined is None and settled_nonce > nonce and not stale:
-            # Proof, not inference: the canonical transaction that used the nonce.
-            user = executor.nonce_user(nonce, settled_at, since)
-            if user is not None and user not in hashes:
+        if mined is None and settled_nonce > payment.nonce and not stale:
+            # Proof, not inference: the canonical transaction that used the nonce, searched
+            # from where the payment's first transaction was signed (a replacement's block
+            # may be past it).
+            user = executor.nonce_user(payment.nonce, final_at, payment.first_signed_block)
+            if user is not None and user not in candidates:
                 nonce_used = True
             elif user is not None:
                 log.warning("payment %s is mined but its receipt is not served yet", user)
-        known = mined is not None or executor.known(hashes[-1])
+            else:
+                log.warning(
+                    "nonce %s of %s passed on chain %s, but no transaction with it was found",
+                    payment.nonce,
+                    self.wallet,
+                    chain.chain_id,
+                )
+        known = mined is not None or executor.known(candidates[-1])
         return Observation(head, mined, nonce_used, known)
 
 
@@ -363,6 +519,11 @@ class EvmPayer:
 
 def _dec(text: str) -> Decimal:
     return Decimal(text)
+
+
+def _units(amount: Decimal) -> str:
+    """Token units as the shortest decimal text (`10`, `10.5`)."""
+    return f"{amount.normalize():f}"
 
 
 class Settlement:
@@ -468,23 +629,94 @@ class Settlement:
         self, session: Session, inventory: InventoryBalance, now: datetime
     ) -> None:
         """`inventory.low_balance` to each tenant whose accounts settle in this token."""
-        data = {"inventory": inventory_document(inventory)}
-        tenants = session.scalars(
-            sa.select(DepositAccount.tenant_id)
-            .where(
-                DepositAccount.dest_chain_id == inventory.chain_id,
-                DepositAccount.dest_token_address == inventory.token_address,
-            )
-            .distinct()
+        self._notify_low(
+            session, inventory.chain_id, inventory.token_address, inventory_document(inventory), now
         )
-        for tenant_id in tenants:
-            outbox.emit(session, events.INVENTORY_LOW_BALANCE, tenant_id, data, created_at=now)
         log.warning(
             "inventory of %s on chain %s is low: %s (threshold %s)",
             inventory.asset,
             inventory.chain_id,
             inventory.balance,
             inventory.low_threshold,
+        )
+
+    @staticmethod
+    def _notify_low(
+        session: Session,
+        chain_id: int,
+        token_address: str,
+        document: dict[str, object],
+        now: datetime,
+    ) -> None:
+        """`inventory.low_balance` to each tenant whose accounts settle in this token on
+        this chain (every token of the chain for its gas: NATIVE_TOKEN)."""
+        stmt = sa.select(DepositAccount.tenant_id).where(DepositAccount.dest_chain_id == chain_id)
+        if token_address != NATIVE_TOKEN:
+            stmt = stmt.where(DepositAccount.dest_token_address == token_address)
+        for tenant_id in session.scalars(stmt.distinct()):
+            outbox.emit(
+                session,
+                events.INVENTORY_LOW_BALANCE,
+                tenant_id,
+                {"inventory": document},
+                created_at=now,
+            )
+
+    # -- the hot wallet's own balances ---------------------------------------------------
+
+    def hot_wallet_short(self, session: Session, shortfall: Shortfall, now: datetime) -> None:
+        """The hot wallet held too little for a payout: the first time in a dip, keep it
+        and tell the tenants settling there (`inventory.low_balance`), once."""
+        key = (shortfall.chain_id, shortfall.token_address)
+        row = session.get(HotWalletShortfall, key, with_for_update=True)
+        if row is not None:
+            row.balance, row.needed = _units(shortfall.balance), _units(shortfall.needed)
+            return
+        chain = self.registry.get(shortfall.chain_id)
+        asset = shortfall.asset
+        if shortfall.token_address == NATIVE_TOKEN and chain is not None:
+            asset = chain.native_symbol
+        row = HotWalletShortfall(
+            chain_id=shortfall.chain_id,
+            token_address=shortfall.token_address,
+            asset=asset,
+            wallet=shortfall.wallet,
+            balance=_units(shortfall.balance),
+            needed=_units(shortfall.needed),
+            since=now,
+        )
+        try:
+            with session.begin_nested():
+                session.add(row)
+        except sa.exc.IntegrityError:
+            return  # another worker found the dip first, and told the tenants
+        document = {
+            "chainId": shortfall.chain_id,
+            "asset": asset,
+            "tokenAddress": shortfall.token_address,
+            "balance": row.balance,
+            "lowThreshold": row.needed,
+            "updatedAt": iso_ms(now),
+        }
+        self._notify_low(session, shortfall.chain_id, shortfall.token_address, document, now)
+        log.error(
+            "ALERT hot wallet %s on chain %s holds %s %s, a payout needs %s: payouts there wait "
+            "until it is topped up",
+            shortfall.wallet,
+            shortfall.chain_id,
+            row.balance,
+            asset,
+            row.needed,
+        )
+
+    @staticmethod
+    def hot_wallet_sufficient(session: Session, chain_id: int, token_address: str) -> None:
+        """A payout found the token and the gas it needed: a dip under them is over."""
+        session.execute(
+            sa.delete(HotWalletShortfall).where(
+                HotWalletShortfall.chain_id == chain_id,
+                HotWalletShortfall.token_address.in_((token_address, NATIVE_TOKEN)),
+            )
         )
 
     # -- provider health ---------------------------------------------------------------

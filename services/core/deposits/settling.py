@@ -17,9 +17,18 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 from services.core.amounts import token_units
-from services.core.chains import ChainRegistry
-from services.core.deposits import payments, rules, states, store, transitions
+from services.core.chains import Chain, ChainRegistry
+from services.core.deposits import (
+    gas_pricing,
+    incidents,
+    payments,
+    rules,
+    states,
+    store,
+    transitions,
+)
 from services.core.deposits.models import Deposit
+from services.core.deposits.payout_tag import tag_for
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
@@ -29,10 +38,13 @@ from services.core.deposits.settlement import (
     EvmPayer,
     Failed,
     InFlight,
+    NeedsReview,
     Outcome,
     PayerRoute,
+    PayerWaits,
     Route,
     Settlement,
+    Waiting,
 )
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
@@ -103,6 +115,10 @@ class Settling:
                 if order is None:
                     transitions.review(session, deposit, now, states.REVIEW_UNSUPPORTED_DESTINATION)
             if order is None:
+                return deposit.status
+            paused = self._paused(session, order)
+            if paused is not None:
+                self._wait(session, deposit, paused, now)
                 return deposit.status
             route = self.settlement.choose(session, deposit, order, now)
             if route is None:
@@ -197,7 +213,51 @@ class Settling:
             dest_decimals=payee.asset.decimals,
             amount=amount,
             net_usd=deposit.net_usd,
+            tag=tag_for(deposit).encode(),
         )
+
+    def _paused(self, session: Session, order: CreditOrder) -> Waiting | None:
+        """Why the destination chain's hot wallet may not pay now (an open incident that
+        pauses it: a nonce gap until a person resolves it); None when it may."""
+        if order.sandbox or not isinstance(
+            self.settlement.payers.get(order.dest_chain_id), EvmPayer
+        ):
+            return None
+        incident = incidents.pausing(session, order.dest_chain_id)
+        if incident is None:
+            return None
+        return Waiting(
+            states.WAIT_PAYMENTS_PAUSED,
+            f"payments on chain {order.dest_chain_id} are paused by chain incident "
+            f"{incident.id} ({incident.kind}) until it is resolved",
+        )
+
+    def _wait(self, session: Session, deposit: Deposit, waiting: Waiting, now: datetime) -> None:
+        """The deposit waits, saying why, and is tried again by itself; a short hot
+        wallet's wait is bounded (SETTLE_HOT_WALLET_WAIT_S), then a person is asked."""
+        started = deposit.wait_reason != waiting.reason
+        if started:
+            (log.error if waiting.reason == states.WAIT_FEE_CAP else log.warning)(
+                "%sdeposit %s waits (%s): %s",
+                "ALERT " if waiting.reason == states.WAIT_FEE_CAP else "",
+                deposit.id,
+                waiting.reason,
+                waiting.detail,
+            )
+        if started or deposit.waiting_since is None:
+            deposit.waiting_since = now  # the bound counts from when this reason began
+        deposit.wait_reason = waiting.reason
+        deposit.updated_at = now
+        if waiting.shortfall is not None:
+            self.settlement.hot_wallet_short(session, waiting.shortfall, now)
+        waited = (now - deposit.waiting_since).total_seconds()
+        if (
+            waiting.reason == states.WAIT_HOT_WALLET_SHORT
+            and waited >= self.settings.hot_wallet_wait_s
+        ):
+            transitions.review(session, deposit, now, states.REVIEW_HOT_WALLET_SHORT)
+            return
+        deposit.next_attempt_at = now + timedelta(seconds=self.settings.wait_retry_s)
 
     # --- recording answers ----------------------------------------------------------------
 
@@ -210,7 +270,13 @@ class Settling:
             return Failed(f"{type(exc).__name__}: {exc}"[:300])
 
     def _record(
-        self, deposit_id: str, route: Route, outcome: Outcome, expected: Callable[[Deposit], bool]
+        self,
+        deposit_id: str,
+        route: Route,
+        outcome: Outcome,
+        expected: Callable[[Deposit], bool],
+        *,
+        payment_outcome: str | None = None,
     ) -> str | None:
         """Record what a payer or provider answered, if the deposit still awaits it."""
         with self.db.transaction() as session:
@@ -221,21 +287,44 @@ class Settling:
                 # Resolved meanwhile (ops, or recovery): never overwrite it.
                 log.error("late settlement answer for %s ignored: %s", deposit_id, outcome)
                 return deposit.status
-            self._apply(session, deposit, route, outcome, self.clock())
+            self._apply(
+                session, deposit, route, outcome, self.clock(), payment_outcome=payment_outcome
+            )
             return deposit.status
 
     def _apply(
-        self, session: Session, deposit: Deposit, route: Route, outcome: Outcome, now: datetime
+        self,
+        session: Session,
+        deposit: Deposit,
+        route: Route,
+        outcome: Outcome,
+        now: datetime,
+        *,
+        payment_outcome: str | None = None,
     ) -> None:
         deposit.settle_phase = None
+        if isinstance(outcome, Waiting):
+            # Nothing was signed: the route's hold is given back, and no attempt spent.
+            self.settlement.release(session, deposit, now)
+            deposit.provider_ref = None
+            deposit.settle_attempts = max(0, deposit.settle_attempts - 1)
+            self._wait(session, deposit, outcome, now)
+            return
+        deposit.wait_reason = None
+        deposit.waiting_since = None
         if not isinstance(outcome, InFlight) and payments.is_payment_ref(deposit.provider_ref):
             payments.resolve(
                 session,
                 deposit.id,
-                payments.MINED if isinstance(outcome, Credited) else payments.FAILED,
+                payment_outcome
+                or (payments.MINED if isinstance(outcome, Credited) else payments.FAILED),
                 now,
             )
-        if isinstance(outcome, Credited):
+        if isinstance(outcome, NeedsReview):
+            self.settlement.release(session, deposit, now)
+            deposit.provider_ref = None
+            transitions.review(session, deposit, now, outcome.reason)
+        elif isinstance(outcome, Credited):
             deposit.inventory_reserved = None  # spent for good
             if deposit.route == ROUTED and not deposit.sandbox:
                 self.settlement.provider_succeeded(session, route.name, now)
@@ -328,7 +417,7 @@ class Settling:
                     return deposit.status
                 view = payments.PaymentView.of(payment)
                 dest_chain = self.registry.get(deposit.dest_chain_id)
-                depth = dest_chain.confirmations if dest_chain is not None else 1
+                assert dest_chain is not None  # route_for found its payer
                 # Observing is read-only and a replacement re-checks what it replaces,
                 # so a second poller is harmless: no hold beyond the poll interval.
                 deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
@@ -343,7 +432,7 @@ class Settling:
                 # Hold other pollers off for a round while this one asks.
                 deposit.next_attempt_at = now + timedelta(seconds=max(self.settings.poll_s, 1.0))
         if payer is not None:
-            return self._poll_payment(deposit_id, route, payer, view, depth)
+            return self._poll_payment(deposit_id, route, payer, view, dest_chain)
         outcome = self._call(lambda: route.poll(order, ref))
         if isinstance(outcome, InFlight) and outcome.ref == ref:
             return states.CREDIT_SUBMITTED
@@ -365,8 +454,12 @@ class Settling:
         expected: Callable[[Deposit], bool],
     ) -> str | None:
         """Draft, then allocate the nonce, sign and store in one transaction, then broadcast."""
+        dest_chain = self.registry.get(order.dest_chain_id)
+        cap = gas_pricing.cap_wei(self.settings.fee_cap_gwei(dest_chain))
         try:
-            draft = payer.draft(order)
+            draft = payer.draft(order, cap)
+        except PayerWaits as waits:  # short of funds, over the cap, chain not checked
+            return self._record(deposit_id, route, waits.waiting, expected)
         except Exception as exc:  # nothing was signed: a plain failed attempt
             log.exception("drafting the credit of %s failed", deposit_id)
             return self._record(
@@ -378,9 +471,16 @@ class Settling:
                 log.error("payment draft for %s dropped: the deposit moved meanwhile", deposit_id)
                 return None if deposit is None else deposit.status
             now = self.clock()
-            nonce = payments.allocate_nonce(
-                session, order.dest_chain_id, payer.wallet, draft.pending_nonce, now
-            )
+            try:
+                nonce = payments.allocate_nonce(
+                    session, order.dest_chain_id, payer.wallet, draft.pending_nonce, now
+                )
+            except payments.NonceGap as gap:
+                self._nonce_gap(session, gap, draft.head, now)
+                self._apply(
+                    session, deposit, route, Waiting(states.WAIT_PAYMENTS_PAUSED, str(gap)), now
+                )
+                return deposit.status
             signed = payer.sign(draft.tx, nonce)
             payment = payments.record(
                 session,
@@ -399,7 +499,13 @@ class Settling:
             deposit.settle_phase = None
             deposit.provider_ref = payment.ref
             deposit.next_attempt_at = now + timedelta(seconds=self.settings.poll_s)
+            deposit.wait_reason = None
+            deposit.waiting_since = None
             deposit.updated_at = now
+            # The draft found the token and the gas there: a dip under them is over.
+            self.settlement.hot_wallet_sufficient(
+                session, order.dest_chain_id, order.dest_token_address
+            )
             status = deposit.status
         # Only now that it is stored: from here on a crash or an error leaves a payment
         # its poll finds (and broadcasts again), never one signed anew.
@@ -407,20 +513,37 @@ class Settling:
         payer.broadcast(signed.raw)
         return status
 
+    @staticmethod
+    def _nonce_gap(session: Session, gap: payments.NonceGap, head: int, now: datetime) -> None:
+        """Pause the chain's payments: the incident a person resolves (docs/RECONCILE.md)."""
+        detail = (
+            f"{gap}. Settle pays nothing more on chain {gap.chain_id} until a person resolves "
+            "this incident: list the payouts Settle has no record of (settle reconcile), "
+            "credit the deposits they paid, then settle incidents resolve (docs/RECONCILE.md)"
+        )
+        raised = incidents.raise_once(
+            session,
+            gap.chain_id,
+            incidents.NONCE_GAP,
+            detail,
+            now,
+            facts=payments.gap_facts(session, gap, head),
+        )
+        if raised is not None:
+            log.critical("chain %s: %s", gap.chain_id, detail)
+
     def _poll_payment(
         self,
         deposit_id: str,
         route: Route,
         payer: EvmPayer,
         payment: payments.PaymentView,
-        depth: int,
+        chain: Chain,
     ) -> str | None:
-        """Judge an in-flight payment at the destination chain's `depth`; record its end,
-        or replace or re-broadcast it."""
+        """Judge an in-flight payment at the destination chain's finality; record its end,
+        or cancel, replace or re-broadcast it."""
         try:
-            observation = payer.observe(
-                payment.tx_hashes, payment.nonce, depth, payment.signed_block
-            )
+            observation = payer.observe(payment, chain)
         except Exception as exc:  # unknown: it may be mined; ask again next round
             log.warning(
                 "payment of %s: no answer from the node (%s: %s)",
@@ -430,63 +553,142 @@ class Settling:
             )
             self._alert_if_old(payment)
             return None
-        verdict = payments.judge(observation, payment, depth, self.settings.payment_replace_blocks)
-        if isinstance(verdict, Credited | Failed):
-            ref = payment.ref
-            return self._record(
-                deposit_id,
-                route,
-                verdict,
-                lambda d: d.status in SETTLEABLE and d.provider_ref == ref,
-            )
+        verdict = payments.judge(observation, payment, self.settings.payment_replace_blocks)
+        if not isinstance(verdict, InFlight | payments.Replace):
+            return self._end_payment(deposit_id, route, payment, verdict)
         self._alert_if_old(payment)
-        if isinstance(verdict, payments.Replace):
-            self._replace(deposit_id, payer, payment, observation.head)
-        elif not observation.known:
+        if payment.cancel_reason is not None:
+            if payment.cancel_tx_hash is None and observation.mined is None:
+                self._cancel(deposit_id, payer, payment)
+            elif not observation.known:
+                payer.broadcast(payment.cancel_raw_tx or payment.raw_tx)
+            return None
+        if isinstance(verdict, payments.Replace) and self._replace(
+            deposit_id, payer, payment, observation.head, chain
+        ):
+            return None
+        if not observation.known:
             # The node lost it (dropped from its pool, or a reorg took the block): the
             # same bytes again, so it can only ever be mined once.
             log.warning("payment of %s unknown to the node: broadcast again", deposit_id)
             payer.broadcast(payment.raw_tx)
         return None
 
-    def _replace(
-        self, deposit_id: str, payer: EvmPayer, payment: payments.PaymentView, head: int
-    ) -> None:
-        """Same nonce and calldata, higher fees: stored first, then broadcast."""
+    def _end_payment(
+        self,
+        deposit_id: str,
+        route: Route,
+        payment: payments.PaymentView,
+        verdict: Credited | Failed | NeedsReview | payments.Cancelled,
+    ) -> str | None:
+        """Record how a payment ended. One being cancelled (its deposit's transfer left the
+        chain) that did not pay goes to a person, never to a new payment."""
+        outcome: Outcome
+        payment_outcome = None
+        if isinstance(verdict, payments.Cancelled):
+            outcome = NeedsReview(
+                f"{states.REVIEW_SOURCE_REORGED}: its transfer left the chain; the payout was "
+                f"cancelled by {verdict.tx_hash}"
+            )
+            payment_outcome = payments.CANCELLED
+        elif payment.cancel_reason is not None and not isinstance(verdict, Credited):
+            why = verdict.reason
+            outcome = NeedsReview(f"{states.REVIEW_SOURCE_REORGED}: {payment.cancel_reason}; {why}")
+        else:
+            outcome = verdict
+        ref = payment.ref
+        return self._record(
+            deposit_id,
+            route,
+            outcome,
+            lambda d: d.status in SETTLEABLE and d.provider_ref == ref,
+            payment_outcome=payment_outcome,
+        )
+
+    def _cancel(self, deposit_id: str, payer: EvmPayer, payment: payments.PaymentView) -> None:
+        """Sign the payout's cancel (its nonce, zero value, to the wallet itself), store it,
+        then broadcast it."""
         try:
-            tx = payer.bump(payment.tx)
+            signed = payer.sign_cancel(payment.tx, payment.nonce)
+        except Exception as exc:  # unknown market: try next round
+            log.warning("payment of %s: could not price its cancel (%s)", deposit_id, exc)
+            return
+        with self.db.transaction() as session:
+            if not payments.cancel_signed(
+                session, payment.id, signed.raw, signed.hash, self.clock()
+            ):
+                return
+        log.critical(
+            "payment of %s cancelled by %s (nonce %s): %s",
+            deposit_id,
+            signed.hash,
+            payment.nonce,
+            payment.cancel_reason,
+        )
+        payer.broadcast(signed.raw)
+
+    def _replace(
+        self,
+        deposit_id: str,
+        payer: EvmPayer,
+        payment: payments.PaymentView,
+        head: int,
+        chain: Chain,
+    ) -> bool:
+        """Same nonce and calldata, priced from the market: stored first, then broadcast;
+        or held back (the market asks no more than it offers; the cap, the most
+        replacements: alerting once). True when a replacement was sent."""
+        try:
+            market = payer.market()
         except Exception as exc:
             log.warning("payment of %s: could not price a replacement (%s)", deposit_id, exc)
-            return
-        cap = self.settings.payment_max_fee_gwei
-        offered = int(tx.get("maxFeePerGas", tx.get("gasPrice", 0)))
-        if cap is not None and offered > cap * 10**9:
-            log.error(
-                "payment of %s not replaced: it would offer %s wei per gas, over "
-                "SETTLE_PAYMENT_MAX_FEE_GWEI=%s (it waits; raise the cap or cancel nonce %s)",
-                deposit_id,
-                offered,
-                cap,
-                payment.nonce,
-            )
-            return
-        signed = payer.sign(tx, payment.nonce)
+            return False
+        decision = gas_pricing.reprice(
+            payment.tx,
+            market,
+            gas_pricing.cap_wei(self.settings.fee_cap_gwei(chain)),
+            payment.replacements,
+            self.settings.payment_max_replacements,
+        )
+        if decision is None or isinstance(decision, gas_pricing.Stall):
+            stall = None if decision is None else decision.reason
+            with self.db.transaction() as session:
+                changed = payments.mark_stalled(session, payment.id, stall, self.clock())
+            if changed and isinstance(decision, gas_pricing.Stall):
+                log.error(
+                    "ALERT hot-wallet payment of %s not replaced (nonce %s, %s): %s; it waits "
+                    "as it is (raise the cap, or cancel the nonce)",
+                    deposit_id,
+                    payment.nonce,
+                    decision.reason,
+                    decision.detail,
+                )
+            return False
+        signed = payer.sign(decision, payment.nonce)
         with self.db.transaction() as session:
             deposit = store.lock(session, deposit_id)
             if deposit is None or deposit.provider_ref != payment.ref:
-                return
+                return False
             current = payments.open_payment(session, deposit_id)
-            if current is None or list(current.tx_hashes) != list(payment.tx_hashes):
-                return  # another worker replaced it meanwhile
-            payments.replaced(session, payment.id, tx, signed.raw, signed.hash, head, self.clock())
+            if (
+                current is None
+                or list(current.tx_hashes) != list(payment.tx_hashes)
+                or current.cancel_reason is not None
+            ):
+                return False  # another worker replaced it, or it is being cancelled
+            payments.replaced(
+                session, payment.id, decision, signed.raw, signed.hash, head, self.clock()
+            )
         log.warning(
-            "payment of %s not mined after %s blocks: replaced by %s (nonce %s)",
+            "payment of %s not mined after %s blocks: replaced by %s at %s wei per gas (nonce %s)",
             deposit_id,
             self.settings.payment_replace_blocks,
             signed.hash,
+            gas_pricing.offered(decision),
             payment.nonce,
         )
         payer.broadcast(signed.raw)
+        return True
 
     def _alert_if_old(self, payment: payments.PaymentView) -> None:
         now = self.clock()

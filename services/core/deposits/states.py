@@ -2,7 +2,8 @@
 
     source_seen -> source_confirmed -> credit_submitted (best effort) -> credited
     failed and manual_review_required from any non-final state;
-    manual_review_required ends in credited or failed (through ops).
+    manual_review_required ends in credited or failed (through ops), or goes back to
+    source_confirmed (ops: `settle deposits retry`, without an event: see SILENT).
 
 `credit_submitted` may be skipped (inventory and direct routes credit at once), so
 `source_confirmed -> credited` is legal. `source_seen -> credited` is not: nothing is
@@ -37,7 +38,7 @@ _NEXT: dict[str, frozenset[str]] = {
     SOURCE_SEEN: frozenset({SOURCE_CONFIRMED, FAILED, MANUAL_REVIEW_REQUIRED}),
     SOURCE_CONFIRMED: frozenset({CREDIT_SUBMITTED, CREDITED, FAILED, MANUAL_REVIEW_REQUIRED}),
     CREDIT_SUBMITTED: frozenset({CREDITED, FAILED, MANUAL_REVIEW_REQUIRED}),
-    MANUAL_REVIEW_REQUIRED: frozenset({CREDITED, FAILED}),
+    MANUAL_REVIEW_REQUIRED: frozenset({CREDITED, FAILED, SOURCE_CONFIRMED}),
     CREDITED: frozenset(),
     FAILED: frozenset(),
 }
@@ -51,6 +52,11 @@ EVENT_TYPES: dict[str, str] = {
     FAILED: events.DEPOSIT_FAILED,
     MANUAL_REVIEW_REQUIRED: events.DEPOSIT_MANUAL_REVIEW_REQUIRED,
 }
+
+#: Moves that emit no event: ops put a deposit in review back into settlement (`settle
+#: deposits retry`); its `deposit.source_confirmed` is durable and went out when it was
+#: confirmed. Its events then end at `manual_review_required` while it settles again.
+SILENT: dict[str, str] = {MANUAL_REVIEW_REQUIRED: SOURCE_CONFIRMED}
 
 #: Event type -> the status it announces.
 STATUS_OF_EVENT_TYPE: dict[str, str] = {t: s for s, t in EVENT_TYPES.items()}
@@ -71,6 +77,25 @@ REVIEW_NO_ROUTE = "no_route"
 REVIEW_ROUTE_FAILED = "route_failed"
 REVIEW_SETTLEMENT_INTERRUPTED = "settlement_interrupted"
 REVIEW_SANDBOX = "sandbox_outcome"
+#: A confirmed deposit whose transfer's block left the chain (a reorg deeper than the
+#: chain's finality), not paid (or its payout cancelled).
+REVIEW_SOURCE_REORGED = "source_reorged"
+#: A payout mined with status 1 whose token moved nothing to the destination (a token
+#: answering `false` instead of reverting, or moving another amount).
+REVIEW_PAYOUT_NOT_TRANSFERRED = "payout_not_transferred"
+
+#: Why settlement waits and tries again by itself (`waitReason`); no attempt is spent.
+#: The hot wallet holds too little of the token, or of the chain's gas (bounded by
+#: SETTLE_HOT_WALLET_WAIT_S, then review with this same reason).
+WAIT_HOT_WALLET_SHORT = "hot_wallet_insufficient_balance"
+#: Payments on the destination chain are paused: an open incident (a nonce gap) until a
+#: person resolves it, or the node is not (yet) the chain the chains file describes.
+WAIT_PAYMENTS_PAUSED = "payments_paused"
+#: The market asks more per gas than the chain's cap (SETTLE_PAYMENT_MAX_FEE_GWEI).
+WAIT_FEE_CAP = "fee_cap"
+WAIT_REASONS = (WAIT_HOT_WALLET_SHORT, WAIT_PAYMENTS_PAUSED, WAIT_FEE_CAP)
+#: Review reason once a short hot wallet's wait is over.
+REVIEW_HOT_WALLET_SHORT = WAIT_HOT_WALLET_SHORT
 
 
 class DepositStateError(Exception):
@@ -114,6 +139,12 @@ def event_id(deposit_id: str, status: str) -> str:
     return events.new_event_id()
 
 
+def _step(before: str, after: str) -> bool:
+    """An event may follow another: a lifecycle step, or one after a silent move."""
+    silent = SILENT.get(before)
+    return can_transition(before, after) or (silent is not None and can_transition(silent, after))
+
+
 def path_problem(status: str, path: list[str]) -> str | None:
     """What is wrong with a deposit in `status` whose events, in order, announce `path`.
 
@@ -127,9 +158,9 @@ def path_problem(status: str, path: list[str]) -> str | None:
     if path[0] != SOURCE_SEEN:
         problems.append(f"first event is {path[0]}, not source_seen")
     for before, after in pairwise(path):
-        if not can_transition(before, after):
+        if not _step(before, after):
             problems.append(f"{before} -> {after} is not a lifecycle step")
-    if path[-1] != status:
+    if path[-1] != status and SILENT.get(path[-1]) != status:
         problems.append(f"status is {status} but the latest event says {path[-1]}")
     if not problems:
         return None

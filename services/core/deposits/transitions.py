@@ -53,6 +53,9 @@ def move(session: Session, deposit: Deposit, target: str, now: datetime, **field
         setattr(deposit, name, value)
     deposit.status = target
     deposit.updated_at = now
+    # A status change ends any wait (`waitReason` is about settling, while it retries).
+    deposit.wait_reason = None
+    deposit.waiting_since = None
     if target == states.SOURCE_CONFIRMED:
         deposit.confirmed_at = now
     if target == states.CREDITED:
@@ -64,6 +67,27 @@ def move(session: Session, deposit: Deposit, target: str, now: datetime, **field
     emit(session, deposit, target, now)
 
 
-def review(session: Session, deposit: Deposit, now: datetime, reason: str) -> None:
+def review(session: Session, deposit: Deposit, now: datetime, reason: str, **fields: Any) -> None:
     """Hand the deposit to a person, saying why."""
-    move(session, deposit, states.MANUAL_REVIEW_REQUIRED, now, review_reason=reason[:500])
+    move(session, deposit, states.MANUAL_REVIEW_REQUIRED, now, review_reason=reason[:500], **fields)
+
+
+def back_to_settlement(session: Session, deposit: Deposit, now: datetime, **fields: Any) -> None:
+    """manual_review_required -> source_confirmed, settled afresh (ops: `settle deposits
+    retry`). No event (states.SILENT): `deposit.source_confirmed` is durable and went out
+    when it was confirmed; tenants hear of it next as `credited` (or another review)."""
+    states.transition(deposit.status, states.SOURCE_CONFIRMED)
+    log.info("deposit %s: %s -> %s (retry)", deposit.id, deposit.status, states.SOURCE_CONFIRMED)
+    for name, value in fields.items():
+        setattr(deposit, name, value)
+    deposit.status = states.SOURCE_CONFIRMED
+    deposit.review_reason = None
+    deposit.settle_attempts = 0
+    deposit.failed_providers = []
+    deposit.provider_ref = None
+    deposit.settle_phase = None
+    deposit.next_attempt_at = None
+    deposit.wait_reason = None
+    deposit.waiting_since = None
+    deposit.updated_at = now
+    session.flush()

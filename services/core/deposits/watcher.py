@@ -61,6 +61,7 @@ from sqlalchemy.orm import Session
 
 from services.core.chains import Chain
 from services.core.deposits.addressbook import AddressBook
+from services.core.deposits.chain_check import ChainCheck
 from services.core.deposits.detection import Detection, Sighting, number_transfers
 from services.core.deposits.models import ChainCheckpoint, ChainCursor
 from services.core.evm import (
@@ -102,6 +103,8 @@ class TickResult:
     #: Pending deposits on the canonical chain under the finality cursor: the reading at
     #: finality passed their block without confirming them (it must not happen).
     passed_pending: int = 0
+    #: The node is not (yet) the chain the chains file describes: nothing was read.
+    stopped: bool = False
 
     @property
     def caught_up(self) -> bool:
@@ -144,6 +147,7 @@ class ChainWatcher:
         addresses: AddressBook | None = None,
         stray_tokens: bool = True,
         stray_cap: int = STRAY_CAP,
+        check: ChainCheck | None = None,
     ) -> None:
         self.detection = detection
         self.db = detection.db
@@ -157,6 +161,11 @@ class ChainWatcher:
         )
         self.stray_tokens = stray_tokens
         self.stray_cap = stray_cap
+        #: The node against the chains file, before anything is written (the worker's
+        #: checks the chain id and decimals; by default the reader's chain id alone).
+        self.check = check or ChainCheck(
+            detection.db, chain, reader, tokens=False, strict=False, clock=detection.clock
+        )
         #: The chain's token contracts, lowercase: what eth_getLogs asks for.
         self.tokens = sorted({a.token_address.lower() for a in chain.assets})
         #: Each token's bits in a block's logsBloom.
@@ -169,8 +178,14 @@ class ChainWatcher:
     # --- one round ------------------------------------------------------------------------
 
     def tick(self) -> TickResult:
-        """Follow a reorg, read what is final, read what is new, judge what is pending."""
+        """Follow a reorg, read what is final, read what is new, judge what is pending.
+
+        Nothing at all (not even the first cursor) before the node is known to be the
+        chain's: a node of another chain would write its transfers here."""
         result = TickResult()
+        if not self.check.ready():
+            result.stopped = True
+            return result
         head = self.reader.head()
         self._ensure_cursor(head)
         at = self._position()
@@ -193,12 +208,9 @@ class ChainWatcher:
 
     def final_height(self, head: int) -> int:
         """The highest block a deposit may be confirmed in, with the node at `head`."""
-        by_depth = head - self.chain.confirmations + 1
-        if self.chain.finality_tag:
-            tagged = self.reader.tagged_block(self.chain.finality_tag)
-            if tagged is not None:
-                return min(tagged.number, by_depth)
-        return head - self.chain.final_depth + 1
+        tag = self.chain.finality_tag
+        tagged = self.reader.tagged_block(tag) if tag else None
+        return self.chain.final_height(head, None if tagged is None else tagged.number)
 
     # --- the cursors ----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.core.chains import ChainRegistry
 from services.core.context import CoreContext
+from services.core.deposits.chain_check import ChainCheck
 from services.core.deposits.detection import Detection
 from services.core.deposits.pricing import PriceFeed, build_prices
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
@@ -113,10 +114,15 @@ class Pipeline:
 
 
 def build_payers(
-    registry: ChainRegistry, rpc_urls: Mapping[int, str], settings: PipelineSettings
+    registry: ChainRegistry,
+    rpc_urls: Mapping[int, str],
+    settings: PipelineSettings,
+    checks: Mapping[int, ChainCheck] | None = None,
 ) -> dict[int, Payer | EvmPayer]:
     """Each active chain's payer: the hot wallet where a node and the key are set, else
-    the simulated payer when simulated settlement is on (the worker and the ops CLI)."""
+    the simulated payer when simulated settlement is on (the worker and the ops CLI).
+    `checks`: the chains' nodes against the chains file (the worker's), which a hot
+    wallet waits for before it pays."""
     payers: dict[int, Payer | EvmPayer] = {}
     for chain in registry.active():
         url = rpc_urls.get(chain.chain_id)
@@ -124,7 +130,11 @@ def build_payers(
             executor = Erc20TransferExecutor.from_url(
                 url, settings.hot_wallet_key, settings.rpc_timeout_s, chain_id=chain.chain_id
             )
-            payers[chain.chain_id] = EvmPayer(executor, name=f"hot-wallet-{chain.chain_id}")
+            payers[chain.chain_id] = EvmPayer(
+                executor,
+                check=(checks or {}).get(chain.chain_id),
+                name=f"hot-wallet-{chain.chain_id}",
+            )
         elif settings.simulated_settlement:
             payers[chain.chain_id] = SimulatedPayer()
     return payers
@@ -134,7 +144,24 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
     """Readers, payers and providers from the configuration."""
     settings = settings or ctx.config.deposits
     registry = ctx.registry
-    payers = build_payers(registry, ctx.config.rpc_urls, settings)
+    rpc_urls = ctx.config.rpc_urls
+    # Each watched chain's node against the chains file (chain id, tokens' decimals),
+    # shared by its watcher and its hot wallet: nothing is read or paid there before it
+    # passes. Asked now, at start, and again each round until it passes.
+    checks = {
+        chain.chain_id: ChainCheck(
+            ctx.db,
+            chain,
+            Web3ChainReader.from_url(
+                rpc_urls[chain.chain_id], settings.rpc_timeout_s, chain.chain_id
+            ),
+        )
+        for chain in registry.active()
+        if rpc_urls.get(chain.chain_id)
+    }
+    for check in checks.values():
+        check.ready()
+    payers = build_payers(registry, rpc_urls, settings, checks)
     providers: list[RouteProvider] = []
     if settings.simulated_settlement:
         providers.append(SimulatedBridge(delay_s=settings.simulated_bridge_s))
@@ -152,7 +179,7 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
     settlement.seed_inventory(ctx.db, settings.inventory, settling.clock())
     watchers = []
     for chain in registry.active():
-        url = ctx.config.rpc_urls.get(chain.chain_id)
+        url = rpc_urls.get(chain.chain_id)
         if not url:
             continue
         reader = Web3ChainReader.from_url(
@@ -169,6 +196,7 @@ def build_pipeline(ctx: CoreContext, settings: PipelineSettings | None = None) -
                 lag_blocks=settings.watcher_lag_blocks,
                 max_range=settings.watcher_max_range,
                 stray_tokens=settings.watcher_stray_tokens,
+                check=checks[chain.chain_id],
             )
         )
     sandbox = SandboxConfirmer(

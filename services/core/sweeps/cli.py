@@ -185,7 +185,7 @@ def send(args: argparse.Namespace) -> int:
         return _refuse("send", str(exc))
     try:
         config = CoreConfig.from_env()
-        cap = config.deposits.payment_max_fee_gwei
+        cap = config.deposits.fee_cap_gwei(chain)  # the chain's, as its payouts'
         sender = Sender(
             db,
             chain,

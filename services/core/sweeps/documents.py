@@ -20,13 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.typed_transactions import TypedTransaction
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
-from services.core.hot_wallet import TRANSFER_SELECTOR
+from services.core.erc20 import transfer_calldata
 
 #: `kind` of each file, and the version of their layout.
 PLAN_KIND = "settle.sweep.plan"
@@ -51,10 +50,7 @@ def digest(document: Any) -> str:
 
 def transfer_data(to: str, amount_raw: int) -> str:
     """Calldata of ERC-20 `transfer(to, amount)`."""
-    data = TRANSFER_SELECTOR + abi_encode(
-        ["address", "uint256"], [to_checksum_address(to), amount_raw]
-    )
-    return "0x" + data.hex()
+    return "0x" + transfer_calldata(to_checksum_address(to), amount_raw).hex()
 
 
 def transfer_tx(

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from eth_utils import to_checksum_address
 
 from services.core.chains import Chain
-from services.core.deposits import payments
+from services.core.deposits import gas_pricing, payments
 from services.core.hot_wallet import Erc20TransferExecutor, Receipt
 from services.core.sweeps import store
 from services.core.sweeps.chain import SweepChain
@@ -66,6 +66,9 @@ from shared.db import Database
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
+
+#: Replacements a gas top-up may have (then it waits as it is, sent again if lost).
+MAX_TOP_UP_REPLACEMENTS = 5
 
 
 class SendRefused(SweepFileError):
@@ -401,9 +404,21 @@ class Sender:
                 detail=f"nonce {funding.nonce} of the gas wallet was used by another transaction",
             )
         elif head - (funding.signed_block or head) >= self.replace_after_blocks and funding.tx:
-            bumped = self.gas.bump(funding.tx)
-            if self.max_fee_wei is not None and int(bumped["maxFeePerGas"]) > self.max_fee_wei:
-                log.warning("sweep send: %s unmined; a replacement would pass the fee cap", what)
+            # Priced from the market, as a payout's replacement (gas_pricing.reprice): not
+            # at all while the market asks no more than it offers, never past the cap.
+            bumped = gas_pricing.reprice(
+                funding.tx,
+                self.gas.market(),
+                self.max_fee_wei,
+                len(funding.tx_hashes) - 1,
+                MAX_TOP_UP_REPLACEMENTS,
+            )
+            if isinstance(bumped, gas_pricing.Stall):
+                log.warning("sweep send: %s unmined, not replaced: %s", what, bumped.detail)
+                return
+            if bumped is None:
+                if not self.gas.known(funding.tx_hash or ""):
+                    self._broadcast(funding.raw_tx or "", what)
                 return
             signed = self.gas.sign(bumped, funding.nonce or 0)
             # Stored before it is broadcast; the earlier hashes stay candidates.
