@@ -8,6 +8,7 @@ the chain: the destination's token balance, the hot wallet's nonce.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -17,16 +18,12 @@ import pytest
 import sqlalchemy as sa
 
 from services import cli
-from services import reconcile as rc
 from services.core.deposits import incidents as incident_kinds
 from services.core.deposits import payout_tag, states
-from services.core.deposits.incidents import Incidents
 from services.core.deposits.metrics import ChainCollector
-from services.core.deposits.payout_audit import PayoutScanner
-from services.core.evm import Web3ChainReader
+from services.core.deposits.models import HotWalletNonce
 from shared.db import Database
-from shared.errors import Conflict
-from shared.timefmt import utcnow
+from shared.timefmt import iso_ms, utcnow
 from tests.conftest import TenantKeys, make_tenant
 from tests.support.anvil import AnvilNode
 from tests.support.deposits import chains_toml, events_of
@@ -85,7 +82,7 @@ def cancel_with_nonce(rig: PayingRig, nonce: int, fee_wei: int) -> str:
 
 
 def test_a_restore_from_before_a_payout_pays_nothing_twice_until_ops_resolve_the_gap(
-    tenant: TenantKeys,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with isolated_database("restore") as url:
         live = url.rsplit("/", 1)[1]
@@ -120,7 +117,7 @@ def test_a_restore_from_before_a_payout_pays_nothing_twice_until_ops_resolve_the
                 assert rig.paid() == 100 * USDC - FEE_RAW
                 assert rig.hot_nonce() == 1
                 (gap,) = rig.incidents(incident_kinds.NONCE_GAP)
-                assert "nonce" in gap.detail and "0" in gap.detail and "1" in gap.detail
+                assert "nonces 0 to 0" in gap.detail
                 assert gap.facts is not None
                 assert (gap.facts["settleNextNonce"], gap.facts["chainNonce"]) == (0, 1)
                 waiting = rig.row(first)
@@ -128,46 +125,40 @@ def test_a_restore_from_before_a_payout_pays_nothing_twice_until_ops_resolve_the
                 assert waiting.wait_reason == states.WAIT_PAYMENTS_PAUSED
                 assert gauge(restored, "settle_chain_incidents_open", rig.chain_id) == 1
 
-                # And reconcile lists the payout Settle has no record of, naming its deposit
-                scanner = PayoutScanner(
-                    Web3ChainReader.from_url(rig.node.url, 5.0, rig.chain_id),
-                    rig.registry.get(rig.chain_id),  # type: ignore[arg-type]
-                    rig.hot.address,
-                )
-                now = utcnow() + timedelta(seconds=1)
-                report = rc.reconcile(
-                    restored,
-                    restored,
-                    now - timedelta(hours=1),
-                    now,
-                    tenant_ids=[tenant_id],
-                    payouts=[scanner],
-                    now=now,
-                )
-                (unrecorded,) = report.unrecorded_payment
-                assert unrecorded.subject == payout
-                assert first in unrecorded.detail and unrecorded.tenant_id == tenant_id
-
-                # And the incident cannot be resolved while that deposit shows unpaid
-                incidents = Incidents(restored, scanners={rig.chain_id: scanner})
-                with pytest.raises(Conflict) as refused:
-                    incidents.resolve(str(gap.id), by="ops-ann", reason="restored from backup")
-                assert first in refused.value.message and payout in refused.value.message
-                # When ops credit it with the payout the chain shows, then resolve
-                parts.ops.credit(first, payout, by="ops-ann", reason="paid before the restore")
-                assert (
-                    rc.reconcile(
-                        restored,
-                        restored,
-                        now - timedelta(hours=1),
-                        now,
-                        tenant_ids=[tenant_id],
-                        payouts=[scanner],
-                        now=now,
-                    ).unrecorded_payment
-                    == []
-                )
-                incidents.resolve(str(gap.id), by="ops-ann", reason="restored; dep credited")
+                # And the operator's commands (the restore runbook, docs/RECONCILE.md)
+                chains = tmp_path / "chains.toml"
+                chains.write_text(chains_toml(chain_id=rig.chain_id, depth=DEPTH, usdc=rig.token))
+                for name, value in {
+                    "SETTLE_DATABASE_URL": url,
+                    "SETTLE_ENV": "dev",
+                    "SETTLE_CHAINS_FILE": str(chains),
+                    f"SETTLE_RPC_URL_{rig.chain_id}": rig.node.url,
+                    "SETTLE_HOT_WALLET_KEY": rig.hot.key.hex(),
+                }.items():
+                    monkeypatch.setenv(name, value)
+                capsys.readouterr()
+                # reconcile lists the payout Settle has no record of, naming its deposit
+                window = ["--since", iso_ms(utcnow() - timedelta(hours=1)), "--json"]
+                code = cli.main(["reconcile", *window, "--settle-seconds", "3600"])
+                report = json.loads(capsys.readouterr().out)
+                (unrecorded,) = report["discrepancies"]["unrecorded_payment"]
+                assert code == 1 and report["counts"]["payoutsChecked"] == 1
+                assert unrecorded["subject"] == payout and unrecorded["tenantId"] == tenant_id
+                assert f"deposit {first} (source_confirmed)" in unrecorded["detail"]
+                # the incident cannot be resolved while that deposit shows unpaid
+                resolve = ["incidents", "resolve", str(gap.id), "--by", "ops-ann"]
+                assert cli.main([*resolve, "--reason", "restored from backup"]) == 2
+                refused = capsys.readouterr().err
+                assert f"settle deposits credit {first} --tx {payout}" in refused
+                # ops credit it with the payout the chain shows; reconcile is clean of it
+                code = cli.main(["deposits", "credit", first, "--tx", payout, "--by", "ops-ann"])
+                assert code == 0, capsys.readouterr().err
+                capsys.readouterr()
+                cli.main(["reconcile", *window, "--settle-seconds", "3600"])
+                report = json.loads(capsys.readouterr().out)
+                assert report["discrepancies"]["unrecorded_payment"] == []
+                # and the incident is resolved
+                assert cli.main([*resolve, "--reason", "restored; credited"]) == 0
 
                 # Then paying resumes, after the nonces the chain used: the next deposit is
                 # paid once, with nonce 1
@@ -176,6 +167,13 @@ def test_a_restore_from_before_a_payout_pays_nothing_twice_until_ops_resolve_the
                 assert rig.paid() == 140 * USDC - 2 * FEE_RAW
                 assert [p["nonce"] for p in rig.payments(second)] == [1]
                 assert rig.credited_events(first) == 1
+                with restored.reader() as session:
+                    (counter,) = session.scalars(
+                        sa.select(HotWalletNonce.next_nonce).where(
+                            HotWalletNonce.chain_id == rig.chain_id
+                        )
+                    )
+                assert counter == 2
                 restored.dispose()
         finally:
             db.dispose()

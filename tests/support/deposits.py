@@ -57,6 +57,7 @@ def chains_toml(
     gas_price_gwei: float = 1.0,
     finality_tag: str = "",
     reorg_depth: int = 0,
+    fee_cap_gwei: float | None = None,
 ) -> str:
     """A chains file: the test chain (small depth), Base, and a declared chain.
 
@@ -80,6 +81,7 @@ confirmations = {depth}
 finality_tag = "{finality_tag}"
 reorg_depth = {reorg_depth}
 min_deposit_usd = {min_deposit_usd}
+{"" if fee_cap_gwei is None else f"payment_max_fee_gwei = {fee_cap_gwei}"}
 
   [[chains.assets]]
   symbol = "USDC"
