@@ -18,13 +18,16 @@ import pytest
 import sqlalchemy as sa
 
 from services import cli
+from services.core.context import CoreContext
 from services.core.deposits import incidents as incident_kinds
 from services.core.deposits import payout_tag, states
 from services.core.deposits.metrics import ChainCollector
 from services.core.deposits.models import HotWalletNonce
+from services.core.deposits.settlement import EvmPayer
+from services.core.deposits.worker import build_pipeline
 from shared.db import Database
 from shared.timefmt import iso_ms, utcnow
-from tests.conftest import TenantKeys, make_tenant
+from tests.conftest import TenantKeys, core_config, make_tenant
 from tests.support.anvil import AnvilNode
 from tests.support.deposits import chains_toml, events_of
 from tests.support.paying import (
@@ -623,3 +626,33 @@ def test_a_token_whose_decimals_differ_from_the_chains_file_stops_the_chain(
         (incident,) = rig.incidents(incident_kinds.TOKEN_DECIMALS)
         assert rig.token in incident.detail and "18" in incident.detail
         assert incident.facts == {"token": rig.token, "onChain": 18, "chainsFile": 6}
+
+
+def test_the_worker_checks_each_chains_node_at_start(
+    pg_db: Database, pg_url: str, tenant: TenantKeys, tmp_path: Path
+) -> None:
+    # Given the worker started on a chain whose token has 18 decimals on chain, 6 in
+    # the chains file (the worker's own wiring: build_pipeline)
+    with anvil_rig(pg_db, tenant.tenant_id, token_decimals=18) as rig:
+        chains = tmp_path / "chains.toml"
+        chains.write_text(chains_toml(chain_id=rig.chain_id, depth=DEPTH, usdc=rig.token))
+        settings = with_settings(hot_wallet_key=rig.hot.key.hex(), simulated_settlement=False)
+        config = core_config(
+            pg_url,
+            tmp_path,
+            chains_file=chains,
+            rpc_urls={rig.chain_id: rig.node.url},
+            deposits=settings,
+        )
+        pipeline = build_pipeline(CoreContext.build(config, db=pg_db, identity_db=pg_db))
+        # Then the incident is raised at start, before any round
+        (incident,) = rig.incidents(incident_kinds.TOKEN_DECIMALS)
+        assert incident.facts == {"token": rig.token, "onChain": 18, "chainsFile": 6}
+        # and neither its watcher nor its hot wallet touches the chain
+        rig.send_deposit(30 * USDC)
+        rig.node.mine(DEPTH)
+        (watcher,) = pipeline.watchers
+        assert watcher.tick().stopped
+        assert rig.deposits() == []
+        payer = pipeline.settling.settlement.payers[rig.chain_id]
+        assert isinstance(payer, EvmPayer) and payer.check is watcher.check

@@ -89,48 +89,41 @@ def _operator(name: str | None) -> str:
         return "ops"
 
 
-def credit(args: argparse.Namespace, ops: Ops | None = None) -> int:
-    if not _TX_HASH.match(args.tx):
-        sys.stderr.write("error: invalid_request: --tx must be 0x followed by 64 hex characters\n")
-        return 2
+def _with_ops(ops: Ops | None, act: Callable[[Ops], Deposit]) -> int:
+    """Run an ops use case (on the environment's when none is given) and print the
+    deposit it returns."""
     own = ops is None
     ops = ops or build_ops()
     try:
-        deposit = ops.credit(
-            args.deposit_id, args.tx.lower(), by=_operator(args.by), reason=args.reason
-        )
+        deposit = act(ops)
     finally:
         if own:
             ops.db.dispose()
     _print(deposit)
     return 0
+
+
+def credit(args: argparse.Namespace, ops: Ops | None = None) -> int:
+    if not _TX_HASH.match(args.tx):
+        sys.stderr.write("error: invalid_request: --tx must be 0x followed by 64 hex characters\n")
+        return 2
+    by = _operator(args.by)
+    return _with_ops(
+        ops, lambda o: o.credit(args.deposit_id, args.tx.lower(), by=by, reason=args.reason)
+    )
 
 
 def fail(args: argparse.Namespace, ops: Ops | None = None) -> int:
     if not args.reason.strip():
         sys.stderr.write("error: invalid_request: --reason must not be empty\n")
         return 2
-    own = ops is None
-    ops = ops or build_ops()
-    try:
-        deposit = ops.fail(args.deposit_id, args.reason.strip(), by=_operator(args.by))
-    finally:
-        if own:
-            ops.db.dispose()
-    _print(deposit)
-    return 0
+    by = _operator(args.by)
+    return _with_ops(ops, lambda o: o.fail(args.deposit_id, args.reason.strip(), by=by))
 
 
 def retry(args: argparse.Namespace, ops: Ops | None = None) -> int:
-    own = ops is None
-    ops = ops or build_ops()
-    try:
-        deposit = ops.retry(args.deposit_id, by=_operator(args.by), reason=args.reason)
-    finally:
-        if own:
-            ops.db.dispose()
-    _print(deposit)
-    return 0
+    by = _operator(args.by)
+    return _with_ops(ops, lambda o: o.retry(args.deposit_id, by=by, reason=args.reason))
 
 
 def incidents_list(args: argparse.Namespace, incidents: Incidents | None = None) -> int:

@@ -14,7 +14,8 @@ wallet's nonce at the destination chain's depth has passed it, with no receipt o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -57,6 +58,17 @@ class Ops:
         self.settlement = settlement
         self.settings = settings
         self.clock = clock
+
+    @contextmanager
+    def _locked(self, deposit_id: str) -> Iterator[tuple[Session, Deposit]]:
+        """A transaction holding the deposit's row lock; NotFound for no such deposit."""
+        if not DEPOSIT_ID.match(deposit_id):
+            raise NotFound(f"no deposit {deposit_id[:60]}")
+        with self.db.transaction() as session:
+            deposit = store.lock(session, deposit_id)
+            if deposit is None:
+                raise NotFound(f"no deposit {deposit_id}")
+            yield session, deposit
 
     def _allowed(self, deposit: Deposit, now: datetime) -> None:
         refusal = rules.ops_refusal(
@@ -161,13 +173,8 @@ class Ops:
 
     def credit(self, deposit_id: str, tx_hash: str, *, by: str, reason: str | None) -> Deposit:
         """Ops credited the deposit by hand with `tx_hash` (also days later)."""
-        if not DEPOSIT_ID.match(deposit_id):
-            raise NotFound(f"no deposit {deposit_id[:60]}")
         now = self.clock()
-        with self.db.transaction() as session:
-            deposit = store.lock(session, deposit_id)
-            if deposit is None:
-                raise NotFound(f"no deposit {deposit_id}")
+        with self._locked(deposit_id) as (session, deposit):
             self._allowed(deposit, now)
             self._payment_allows(session, deposit, tx_hash)
             before = {"status": deposit.status}
@@ -205,13 +212,8 @@ class Ops:
         afresh (the fee and net decided at its first settlement stay). Refused where
         settling it again could pay twice or cannot work; those are credited or failed
         by hand."""
-        if not DEPOSIT_ID.match(deposit_id):
-            raise NotFound(f"no deposit {deposit_id[:60]}")
         now = self.clock()
-        with self.db.transaction() as session:
-            deposit = store.lock(session, deposit_id)
-            if deposit is None:
-                raise NotFound(f"no deposit {deposit_id}")
+        with self._locked(deposit_id) as (session, deposit):
             if deposit.status != states.MANUAL_REVIEW_REQUIRED:
                 raise Conflict(
                     f"deposit {deposit_id} is {deposit.status}: only a deposit in "
@@ -232,13 +234,8 @@ class Ops:
 
     def fail(self, deposit_id: str, reason: str, *, by: str) -> Deposit:
         """Ops ended the deposit as failed, with `reason` as its failureReason."""
-        if not DEPOSIT_ID.match(deposit_id):
-            raise NotFound(f"no deposit {deposit_id[:60]}")
         now = self.clock()
-        with self.db.transaction() as session:
-            deposit = store.lock(session, deposit_id)
-            if deposit is None:
-                raise NotFound(f"no deposit {deposit_id}")
+        with self._locked(deposit_id) as (session, deposit):
             self._allowed(deposit, now)
             self._payment_allows(session, deposit, None)
             before = {"status": deposit.status}
