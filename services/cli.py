@@ -35,9 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("services.keys", "deposit keys for a deployment"),
     "reconcile": (
         "services.reconcile",
-        "check that every event reached the notifier, once, intact (exit 1 if not)",
+        "check that every event reached the notifier, once, intact, and that the hot wallet "
+        "paid only what Settle recorded (exit 1 if not)",
     ),
-    "incidents": ("services.core.deposits.cli", "chain incidents the watchers raised (ops)"),
+    "incidents": ("services.core.deposits.cli", "chain incidents Settle raised (ops)"),
     "doctor": ("services.doctor", "check this deployment's wiring (exit 1 names a failure)"),
     "sweep": (
         "services.core.sweeps.cli",

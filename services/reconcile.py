@@ -915,7 +915,8 @@ def register(
     """Add `settle reconcile`."""
     p = sub.add_parser(
         "reconcile",
-        help="check that every event reached the notifier, once, intact (exit 1 if not)",
+        help="check that every event reached the notifier, once, intact, and that the hot wallet "
+        "paid only what Settle recorded (exit 1 if not)",
         description="Compare core's outbox and deposits with the notifier's events and"
         " deliveries for events created in [since, until). Exit 0 when clean, 1 on any"
         " discrepancy, 2 when the check could not run. See docs/RECONCILE.md.",

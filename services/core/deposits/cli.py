@@ -203,7 +203,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_guard(retry))
 
     incidents = sub.add_parser(
-        "incidents", help="chain incidents the watchers raised (ops)"
+        "incidents", help="chain incidents Settle raised (ops)"
     ).add_subparsers(dest="action", required=True)
     p = incidents.add_parser("list", help="open chain incidents, newest first")
     p.add_argument("--chain", type=_chain_id, help="only this chain id")
