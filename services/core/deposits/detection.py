@@ -752,8 +752,10 @@ class Detection:
         self, chain_id: int, fork_from: int, canonical: Mapping[int, str], stale: Iterable[Any]
     ) -> int:
         """Deposits past `source_seen` whose block left the canonical chain: an incident
-        for ops each, and a confirmed one not being paid goes to manual review (it must
-        not be paid before a person looks). Returns the incidents raised."""
+        for ops each; a confirmed one not being paid goes to manual review (it must not
+        be paid before a person looks), and one whose hot-wallet payout is in flight has
+        that payout cancelled if it is not mined yet (the settlement loop signs the
+        cancel: `payments.request_cancel`). Returns the incidents raised."""
         raised = 0
         now = self.clock()
         for row in stale:

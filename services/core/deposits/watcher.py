@@ -47,8 +47,12 @@ chain for `confirmations` blocks read, and whose height was read again at finali
 without it, fails `reorged`. A fork point under the finality cursor is a reorg deeper
 than the chain's finality: every confirmed or credited deposit whose block left the
 chain becomes a chain incident for ops (`chain_incidents`, and the
-`settle_chain_incidents_open` metric), and a confirmed one not being paid goes to manual
-review.
+`settle_chain_incidents_open` metric), a confirmed one not being paid goes to manual
+review, and an unmined payout of one is cancelled.
+
+Before anything (the first cursor included), the node is checked against the chains
+file (`ChainCheck`: its chain id, and with the worker's check each token's decimals):
+a node of another chain would have its transfers recorded here.
 """
 
 from __future__ import annotations
