@@ -22,7 +22,12 @@ from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.datastructures import AttributeDict
-from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
+from web3.exceptions import (
+    BlockNotFound,
+    TransactionIndexingInProgress,
+    TransactionNotFound,
+    Web3RPCError,
+)
 from web3.types import TxParams
 
 from services.core.erc20 import transfer_calldata
@@ -290,7 +295,7 @@ class Erc20TransferExecutor:
         does not offer it."""
         try:
             return int(self.w3.eth.get_block(tag)["number"])  # type: ignore[arg-type]
-        except Exception:  # a node without the tag answers an error
+        except (Web3RPCError, BlockNotFound):  # a node without the tag answers an error
             return None
 
     def transferred(self, block_hash: str, tx_hash: str, token_address: str, to: str) -> int | None:
@@ -307,10 +312,8 @@ class Erc20TransferExecutor:
                     "topics": [TRANSFER_TOPIC, wallet_topic, to_topic],
                 }
             )
-        except Exception as exc:  # a node that does not have the block answers an error
-            if "not found" in str(exc).lower() or "unknown block" in str(exc).lower():
-                return None
-            raise
+        except Web3RPCError:  # a node that does not have the block answers an error
+            return None
         return sum(
             int.from_bytes(HexBytes(log["data"]), "big")
             for log in logs
