@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -139,6 +140,8 @@ class Settling:
                 return deposit.status
             deposit.settle_phase = PHASE_STARTING
             attempt = deposit.settle_attempts
+            if isinstance(route, PayerRoute) and route.chain_payer is not None:
+                order = replace(order, tag=self._tag(deposit))
 
         def expected(d: Deposit) -> bool:
             return d.settle_phase == PHASE_STARTING and d.settle_attempts == attempt
@@ -213,8 +216,17 @@ class Settling:
             dest_decimals=payee.asset.decimals,
             amount=amount,
             net_usd=deposit.net_usd,
-            tag=tag_for(deposit).encode(),
         )
+
+    @staticmethod
+    def _tag(deposit: Deposit) -> bytes:
+        """The hot-wallet payout's tag (`payout_tag`); none for an id that is not a ULID
+        (only hand-made rows: a payout untagged beats one never paid)."""
+        try:
+            return tag_for(deposit).encode()
+        except ValueError:
+            log.error("deposit %s: its id is not a ULID; its payout carries no tag", deposit.id)
+            return b""
 
     def _paused(self, session: Session, order: CreditOrder) -> Waiting | None:
         """Why the destination chain's hot wallet may not pay now (an open incident that
