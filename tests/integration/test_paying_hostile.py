@@ -25,6 +25,7 @@ from services.core.deposits.metrics import ChainCollector
 from services.core.deposits.models import HotWalletNonce
 from services.core.deposits.settlement import EvmPayer
 from services.core.deposits.worker import build_pipeline
+from shared.audit import log as audit
 from shared.db import Database
 from shared.timefmt import iso_ms, utcnow
 from tests.conftest import TenantKeys, core_config, make_tenant
@@ -471,6 +472,14 @@ def test_settle_deposits_retry_from_the_command_line(
         assert code == 0, capsys.readouterr().err
         assert '"status": "source_confirmed"' in capsys.readouterr().out.replace('":"', '": "')
         assert rig.status(deposit_id) == states.SOURCE_CONFIRMED
+        # and the tenant's audit log says who put it back, from which status
+        with pg_db.reader() as session:
+            [entry] = audit.list_events(
+                session, tenant.tenant_id, audit.Filters(action="deposit.retried_by_ops"), limit=5
+            ).items
+        assert (entry.target_id, entry.actor_type, entry.actor_id) == (deposit_id, "ops", "ops-ann")
+        assert entry.before["status"] == states.MANUAL_REVIEW_REQUIRED
+        assert entry.after["status"] == states.SOURCE_CONFIRMED
         # a deposit not in review is refused, saying so
         assert cli.main(["deposits", "retry", deposit_id]) == 2
         assert "manual_review_required" in capsys.readouterr().err

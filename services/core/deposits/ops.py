@@ -36,7 +36,8 @@ Clock = Callable[[], datetime]
 
 
 class Ops:
-    """Manual credits and failures, each recorded in the tenant's audit log (actor `ops`).
+    """Manual credits, failures and retries, each recorded in the tenant's audit log
+    (actor `ops`).
 
     `audit_log`: the identity database when it is not `db` (None: the same database, so
     the entry commits with the change).
@@ -227,9 +228,13 @@ class Ops:
                     f"deposit {deposit_id} has a hot-wallet payment that is not settled: "
                     "credit or fail it (settle deposits credit|fail)"
                 )
+            before = {"status": deposit.status, "reviewReason": deposit.review_reason}
             transitions.back_to_settlement(
                 session, deposit, now, ops_by=by, ops_reason=reason, ops_at=now
             )
+            after = {"status": deposit.status, "reason": reason}
+            change = Change("deposit.retried_by_ops", "deposit", deposit.id, before, after)
+            record(session, deposit.tenant_id, change, Actor.ops(by), log=self.audit_log)
             return deposit
 
     def fail(self, deposit_id: str, reason: str, *, by: str) -> Deposit:
