@@ -20,6 +20,8 @@ from services.core import accounts
 from services.core.accounts import NewAccount
 from services.core.addresses import AddressDeriver
 from services.core.chains import Chain, load_chains
+from services.core.deposits import incidents as incident_kinds
+from services.core.deposits import payments
 from services.core.deposits.pricing import StaticPrices
 from services.core.destinations import Destination
 from services.core.hot_wallet import Erc20TransferExecutor
@@ -453,3 +455,27 @@ def test_a_plan_never_sends_to_a_deposit_address_a_token_or_nowhere(one: Chain1)
         with pytest.raises(PlanError, match=r"cannot receive|deposit address"):
             one.plan(destination=bad)
     assert one.statuses("") == []
+
+
+def test_a_gas_wallet_used_outside_settle_pauses_top_ups_with_the_nonce_gap_incident(
+    one: Chain1,
+) -> None:
+    # Given the gas wallet (the hot wallet) sent a transaction Settle has no record of
+    # (a database restored from a backup, or the key used by hand)
+    hot = one.node.accounts[1]
+    assert one.gas.address == hot.address
+    one.node.send(hot, {"to": hot.address, "gas": 21_000})
+    one.node.mine(1)
+    # When a signed plan is sent
+    sender = one.sender()
+    plan_id = sender.accept(one.signed(one.plan()))
+    with pytest.raises(payments.NonceGap):
+        sender.round(plan_id)
+    # Then no top-up was signed or broadcast (the wallet's count on chain did not move),
+    # and the chain's payments are paused by the incident a person resolves
+    one.node.mine(1)
+    assert one.node.nonce(hot.address) == 1
+    assert all(f.tx_hash is None for f in fundings_on(one.db, one.chain.chain_id))
+    with one.db.reader() as session:
+        incident = incident_kinds.pausing(session, one.chain.chain_id)
+    assert incident is not None and incident.kind == incident_kinds.NONCE_GAP

@@ -27,6 +27,7 @@ resolving does (for a nonce gap: the check on chain, then Settle's count moved).
 
 from __future__ import annotations
 
+import logging
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -44,6 +45,8 @@ from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.timefmt import iso_ms, utcnow
 
 Clock = Callable[[], datetime]
+
+log = logging.getLogger(__name__)
 
 #: A confirmed or credited deposit whose block left the canonical chain.
 DEEP_REORG = "deep_reorg"
@@ -126,6 +129,21 @@ def raise_once(
     session.add(incident)
     session.flush()
     return incident
+
+
+def raise_nonce_gap(session: Session, gap: payments.NonceGap, head: int, now: datetime) -> None:
+    """Pause the chain's payments (payouts and sweeps' gas top-ups): the incident a person
+    resolves (docs/RECONCILE.md)."""
+    detail = (
+        f"{gap}. Settle pays nothing more on chain {gap.chain_id} until a person resolves "
+        "this incident: list the payouts Settle has no record of (settle reconcile), "
+        "credit the deposits they paid, then settle incidents resolve (docs/RECONCILE.md)"
+    )
+    raised = raise_once(
+        session, gap.chain_id, NONCE_GAP, detail, now, facts=payments.gap_facts(session, gap, head)
+    )
+    if raised is not None:
+        log.critical("chain %s: %s", gap.chain_id, detail)
 
 
 def pausing(session: Session, chain_id: int) -> ChainIncident | None:

@@ -488,7 +488,7 @@ class Settling:
                     session, order.dest_chain_id, payer.wallet, draft.pending_nonce, now
                 )
             except payments.NonceGap as gap:
-                self._nonce_gap(session, gap, draft.head, now)
+                incidents.raise_nonce_gap(session, gap, draft.head, now)
                 self._apply(
                     session, deposit, route, Waiting(states.WAIT_PAYMENTS_PAUSED, str(gap)), now
                 )
@@ -524,25 +524,6 @@ class Settling:
         log.info("deposit %s: paying with nonce %s, tx %s", deposit_id, nonce, signed.hash)
         payer.broadcast(signed.raw)
         return status
-
-    @staticmethod
-    def _nonce_gap(session: Session, gap: payments.NonceGap, head: int, now: datetime) -> None:
-        """Pause the chain's payments: the incident a person resolves (docs/RECONCILE.md)."""
-        detail = (
-            f"{gap}. Settle pays nothing more on chain {gap.chain_id} until a person resolves "
-            "this incident: list the payouts Settle has no record of (settle reconcile), "
-            "credit the deposits they paid, then settle incidents resolve (docs/RECONCILE.md)"
-        )
-        raised = incidents.raise_once(
-            session,
-            gap.chain_id,
-            incidents.NONCE_GAP,
-            detail,
-            now,
-            facts=payments.gap_facts(session, gap, head),
-        )
-        if raised is not None:
-            log.critical("chain %s: %s", gap.chain_id, detail)
 
     def _poll_payment(
         self,

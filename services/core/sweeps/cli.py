@@ -171,6 +171,7 @@ def sign(args: argparse.Namespace) -> int:
 
 def send(args: argparse.Namespace) -> int:
     from services.core.config import CoreConfig
+    from services.core.deposits.payments import NonceGap
     from services.core.sweeps.documents import SIGNED_KIND, SweepFileError, load
     from services.core.sweeps.sending import Sender
 
@@ -200,6 +201,13 @@ def send(args: argparse.Namespace) -> int:
         )
     except SweepFileError as exc:
         return _refuse("send", f"refused, nothing sent: {exc}")
+    except NonceGap as gap:
+        return _refuse(
+            "send",
+            f"stopped: {gap}. Gas top-ups and payouts on chain {chain_id} are paused until "
+            "a person resolves its nonce_gap incident (settle incidents list; "
+            "docs/RECONCILE.md); then run this send again: it resumes",
+        )
     finally:
         db.dispose()
     output.emit(outcome.document())

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from eth_utils import to_checksum_address
 
 from services.core.chains import Chain
-from services.core.deposits import gas_pricing, payments
+from services.core.deposits import gas_pricing, incidents, payments
 from services.core.hot_wallet import Erc20TransferExecutor, Receipt
 from services.core.sweeps import store
 from services.core.sweeps.chain import SweepChain
@@ -353,15 +353,23 @@ class Sender:
             **self.gas.fees(),
         }
         pending, head = self.gas.nonce("pending"), self.gas.head()
-        with self.db.transaction() as session:
-            # The hot wallet's own allocator: payouts and top-ups never share a nonce.
-            nonce = payments.allocate_nonce(
-                session, self.chain.chain_id, self.gas.address, pending, now
-            )
-            signed = self.gas.sign(tx, nonce)
-            row.nonce, row.tx, row.raw_tx, row.signed_block = nonce, tx, signed.raw, head
-            row.tx_hash, row.tx_hashes = signed.hash, [signed.hash]
-            session.add(row)
+        try:
+            with self.db.transaction() as session:
+                # The hot wallet's own allocator: payouts and top-ups never share a nonce.
+                nonce = payments.allocate_nonce(
+                    session, self.chain.chain_id, self.gas.address, pending, now
+                )
+                signed = self.gas.sign(tx, nonce)
+                row.nonce, row.tx, row.raw_tx, row.signed_block = nonce, tx, signed.raw, head
+                row.tx_hash, row.tx_hashes = signed.hash, [signed.hash]
+                session.add(row)
+        except payments.NonceGap as gap:
+            # The wallet sent what Settle has no record of: pay nothing from it, as the
+            # payouts do, until a person resolves the incident (nothing stored: a later
+            # run resumes from here).
+            with self.db.transaction() as session:
+                incidents.raise_nonce_gap(session, gap, head, now)
+            raise
         self._broadcast(signed.raw, f"gas top-up of {address}")
         return row
 
