@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
+from services.core.api.status import VERSION
 from services.core.config import CoreConfig
 from services.core.context import EXTENSION, CoreContext
 from shared import idempotency, ratelimit
@@ -11,8 +12,6 @@ from shared.api import make_api
 from shared.identity import signin_guard
 from shared.identity.auth import IDENTITY_DB
 from shared.metrics import metrics_blueprint
-
-VERSION = "0.1.0"
 
 
 def create_app(config: CoreConfig | None = None, *, context: CoreContext | None = None) -> Flask:

@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from services.core.chains import ChainRegistry
 from services.core.deposits import states, transitions
 from services.core.deposits.models import Deposit
+from services.core.deposits.outcomes import CreditOrder, Outcome
 from services.core.deposits.sandbox import SandboxChain, SandboxConfirmer
 from services.core.deposits.settings import PipelineSettings
-from services.core.deposits.settlement import CreditOrder, Outcome, Settlement, SimulatedPayer
+from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
 from services.core.deposits.worker import Pipeline
 from services.core.evm import InMemoryChain

@@ -14,12 +14,9 @@ import sqlalchemy as sa
 from services.core.chains import ChainRegistry
 from services.core.deposits import states
 from services.core.deposits.models import Deposit, InventoryBalance
+from services.core.deposits.outcomes import CreditOrder, Failed, InFlight, Outcome
 from services.core.deposits.settings import PipelineSettings
 from services.core.deposits.settlement import (
-    CreditOrder,
-    Failed,
-    InFlight,
-    Outcome,
     Payer,
     RouteProvider,
     Settlement,

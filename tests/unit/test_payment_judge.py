@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from services.core.deposits import states
+from services.core.deposits.outcomes import Credited, Failed, InFlight, NeedsReview
 from services.core.deposits.payments import (
     REPLACE,
     Cancelled,
@@ -15,7 +16,6 @@ from services.core.deposits.payments import (
     judge,
 )
 from services.core.deposits.payout_tag import PayoutTag, decode
-from services.core.deposits.settlement import Credited, Failed, InFlight, NeedsReview
 from services.core.erc20 import transfer_args, transfer_calldata
 
 TOKEN = "0x5FbDB2315678afecb367f032d93F642f64180aa3"

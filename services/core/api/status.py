@@ -8,9 +8,13 @@ from flask.views import MethodView
 
 from services.core.context import core
 from shared.api import Blueprint, Schema
-from shared.timefmt import utcnow
+from shared.timefmt import iso_ms, utcnow
 
 blp = Blueprint("status", __name__, url_prefix="/v1", description="Service status (public).")
+
+#: Core's version, shown by status and in its OpenAPI document (the app factory reads it
+#: from here: status sits below the app, as the notifier's does).
+VERSION = "0.1.0"
 
 
 class StatusSchema(Schema):
@@ -27,9 +31,6 @@ class Status(MethodView):
     @blp.alt_response(503, schema=StatusSchema, description="A dependency is down")
     def get(self) -> tuple[dict[str, object], int]:
         """Whether the service and its database answer."""
-        from services.core.app import VERSION
-        from shared.timefmt import iso_ms
-
         try:
             with core().db.reader() as session:
                 session.execute(sa.text("SELECT 1"))

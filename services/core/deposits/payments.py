@@ -49,7 +49,7 @@ from services.core.deposits.models import (
     HotWalletNonce,
     HotWalletPayment,
 )
-from services.core.deposits.settlement import Credited, Failed, InFlight, NeedsReview
+from services.core.deposits.outcomes import Credited, Failed, InFlight, NeedsReview
 from services.core.erc20 import transfer_args
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,17 @@ from services.core.deposits.models import (
     InventoryBalance,
     RouteProviderHealth,
 )
+from services.core.deposits.outcomes import (
+    Credited,
+    CreditOrder,
+    Failed,
+    InFlight,
+    Outcome,
+    PayerWaits,
+    Shortfall,
+    Waiting,
+)
+from services.core.deposits.payments import Draft, Mined, Observation, PaymentView
 from services.core.deposits.settings import InventorySeed
 from services.core.deposits.states import WAIT_FEE_CAP, WAIT_HOT_WALLET_SHORT, WAIT_PAYMENTS_PAUSED
 from services.core.models import DepositAccount
@@ -46,7 +57,6 @@ from shared.timefmt import iso_ms, utcnow
 if TYPE_CHECKING:
     # Not at run time: hot_wallet imports web3, which the API processes must not load
     # (its py_ecc raises the recursion limit to 100000); only the paying worker needs it.
-    from services.core.deposits.payments import Draft, Observation, PaymentView
     from services.core.hot_wallet import Erc20TransferExecutor, Market, Signed
 
 log = logging.getLogger(__name__)
@@ -63,97 +73,7 @@ DEGRADED = "degraded"
 Clock = Callable[[], datetime]
 
 
-# --- what a route is asked, and what it answers ---------------------------------------
-
-
-@dataclass(frozen=True)
-class CreditOrder:
-    """Pay `amount` of the destination token to the destination, for one deposit."""
-
-    deposit_id: str
-    sandbox: bool
-    source_chain_id: int
-    source_token_address: str
-    dest_chain_id: int
-    dest_address: str
-    dest_token_address: str
-    dest_asset: str
-    dest_decimals: int
-    #: Destination token units (already net of the fee).
-    amount: Decimal
-    net_usd: Decimal
-    #: What a hot-wallet payout appends to its calldata (`payout_tag`): its deposit,
-    #: readable from the chain alone.
-    tag: bytes = b""
-
-    @property
-    def amount_raw(self) -> int:
-        return int(self.amount.scaleb(self.dest_decimals))
-
-    @property
-    def same_token(self) -> bool:
-        return (
-            self.source_chain_id == self.dest_chain_id
-            and self.source_token_address.lower() == self.dest_token_address.lower()
-        )
-
-
-@dataclass(frozen=True)
-class Credited:
-    tx_hash: str
-
-
-@dataclass(frozen=True)
-class InFlight:
-    ref: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-    #: True when retrying cannot help (the deposit fails); False: retry or review.
-    final: bool = False
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """The hot wallet holds less of a token (or of gas: `token_address` is the zero
-    address, `asset` the native symbol) than a payout needs; token units."""
-
-    chain_id: int
-    token_address: str
-    asset: str
-    wallet: str
-    balance: Decimal
-    needed: Decimal
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The credit cannot be paid now, for a reason that passes by itself: nothing was
-    signed, no attempt is spent, the deposit shows `waitReason` and is tried again."""
-
-    reason: str
-    detail: str
-    shortfall: Shortfall | None = None
-
-
-@dataclass(frozen=True)
-class NeedsReview:
-    """The credit's payment ended in a way only a person can judge (no retry)."""
-
-    reason: str
-
-
-Outcome = Credited | InFlight | Failed | Waiting | NeedsReview
-
-
-class PayerWaits(Exception):
-    """A payer cannot pay now (`Waiting` says why); raised before anything is signed."""
-
-    def __init__(self, waiting: Waiting) -> None:
-        super().__init__(waiting.detail)
-        self.waiting = waiting
+# --- routes: what answers a `CreditOrder` with an `Outcome` (deposits/outcomes.py) ------
 
 
 class Route(Protocol):
@@ -380,7 +300,6 @@ class EvmPayer:
         """The unsigned transfer, the pending nonce, the head; PayerWaits (nothing signed)
         when the wallet is short of the token or of gas, or the market is over `cap` (wei
         per gas)."""
-        from services.core.deposits.payments import Draft
         from services.core.evm import ChainIdMismatch
 
         executor = self.executor
@@ -461,8 +380,6 @@ class EvmPayer:
     def observe(self, payment: PaymentView, chain: Chain) -> Observation:
         """What the chain says about a payment (every transaction of its nonce), judged
         at the chain's finality (`Chain.final_height`)."""
-        from services.core.deposits.payments import Mined, Observation
-
         self._verify()
         executor = self.executor
         head = executor.head()

@@ -29,24 +29,20 @@ from services.core.deposits import (
     transitions,
 )
 from services.core.deposits.models import Deposit
-from services.core.deposits.payout_tag import tag_for
-from services.core.deposits.pricing import PriceSource, amount_usd
-from services.core.deposits.settings import PipelineSettings
-from services.core.deposits.settlement import (
-    ROUTED,
+from services.core.deposits.outcomes import (
     Credited,
     CreditOrder,
-    EvmPayer,
     Failed,
     InFlight,
     NeedsReview,
     Outcome,
-    PayerRoute,
     PayerWaits,
-    Route,
-    Settlement,
     Waiting,
 )
+from services.core.deposits.payout_tag import tag_for
+from services.core.deposits.pricing import PriceSource, amount_usd
+from services.core.deposits.settings import PipelineSettings
+from services.core.deposits.settlement import ROUTED, EvmPayer, PayerRoute, Route, Settlement
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
 from shared.db import Database
