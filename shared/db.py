@@ -20,9 +20,11 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.conninfo
 import psycopg.rows
 import psycopg.types.json
 import sqlalchemy as sa
+from psycopg_pool import ConnectionPool, PoolTimeout
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
@@ -74,11 +76,62 @@ def normalize_url(url: str) -> str:
     (`embedded_postgres.URL_SCHEME`) starts or joins the embedded server it names."""
     if embedded_postgres.is_embedded_url(url):
         url = embedded_postgres.resolve(url)
+    if _is_libpq_only(url):
+        return _sqlalchemy_url(url)
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
+
+
+def _is_libpq_only(url: str) -> bool:
+    """True for what libpq reads but SQLAlchemy's URL parser does not: a key=value
+    conninfo (`host=a,b dbname=settle`) or a URL naming several hosts
+    (`postgresql://a:5432,b:5433/settle?target_session_attrs=read-write`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "=" in url
+    if scheme not in ("postgresql", "postgres"):
+        return False
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    return "," in authority.rpartition("@")[2]
+
+
+def _sqlalchemy_url(conninfo: str) -> str:
+    """A libpq conninfo or multi-host URL as a SQLAlchemy psycopg URL: several hosts go
+    as `?host=a:5432&host=b:5433` (which SQLAlchemy's psycopg dialect gives back to
+    libpq as `host=a,b port=5432,5433`), every other parameter as a query option."""
+    params = {key: str(value) for key, value in psycopg.conninfo.conninfo_to_dict(conninfo).items()}
+    hosts = params.pop("host", "").split(",")
+    ports = params.pop("port", "").split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    if len(ports) != len(hosts):
+        raise ValueError(f"{len(hosts)} hosts but {len(ports)} ports in the database URL")
+    user, password = params.pop("user", None), params.pop("password", None)
+    dbname = params.pop("dbname", None)
+    query: dict[str, str | tuple[str, ...]] = dict(params)
+    host: str | None = None
+    port: int | None = None
+    if len(hosts) > 1:
+        query["host"] = tuple(f"{h}:{p}" if p else h for h, p in zip(hosts, ports, strict=True))
+    elif hosts[0].startswith("/"):
+        query["host"] = hosts[0]  # a Unix socket directory
+        if ports[0]:
+            query["port"] = ports[0]
+    else:
+        host, port = hosts[0] or None, int(ports[0]) if ports[0] else None
+    url = sa.engine.URL.create(
+        "postgresql+psycopg",
+        username=user,
+        password=password,
+        host=host,
+        port=port,
+        database=dbname,
+        query=query,
+    )
+    return url.render_as_string(hide_password=False)
 
 
 def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
@@ -138,103 +191,111 @@ def _return_driver_connection(pooled: Any, conn: Any) -> None:
 
 
 class AutocommitConnections:
-    """The fast executor's connections: psycopg's own, opened in autocommit and kept so.
+    """The fast executor's connections: a psycopg_pool pool of autocommit connections.
 
     `Database.driver_autocommit` runs the hottest statements (API-key lookup, account
-    creation, the webhook worker's claims and records). Borrowed from SQLAlchemy's pool,
-    each use paid for its checkout and return (events, the reset's rollback, autocommit
-    switched on and off, a rotation through every pooled connection): a tenth of an
-    account creation's CPU. Here a connection is taken from and given back to a stack
-    (the most recently used first, so few connections stay warm), with the same care:
-    at most `size` kept idle and `2 * size` open (the engine's pool_size and
-    max_overflow), a wait of at most POOL_TIMEOUT_S for one, replaced after
-    POOL_RECYCLE_S, and a liveness check on every checkout that costs a poll(2) unless
-    the server has ended the connection (see `_check_liveness_on_checkout`). One left
-    inside a transaction or out of autocommit, closed or broken is dropped, never given
-    to the next caller. A forked child starts with fresh locks and slots and never
-    uses or closes its parent's connections (closing one would end the parent's
-    session on the shared socket). After `close()` the pool still serves, keeping only
-    connections opened since.
+    creation, the webhook worker's claims and records) on psycopg's own connections,
+    without SQLAlchemy's checkout and reset. The pool (psycopg_pool) does the sizing
+    (opened on demand up to `2 * size`, the engine's pool_size plus max_overflow; idle
+    ones closed after its max_idle), the wait of at most POOL_TIMEOUT_S for one (then
+    `sa.exc.TimeoutError`, as the engine's pool raises, which the API answers 503),
+    replacement after POOL_RECYCLE_S, and reconnection in its background workers.
+
+    Ours on top: the liveness check on checkout costs a poll(2) unless the server has
+    ended the connection (see `_check_liveness_on_checkout`); a dead one drains the
+    pool (after a restart every pooled connection is dead) and the caller is served
+    at once by a fresh one (the pool's own `check` retries after a second's backoff).
+    One given back inside a transaction, out of autocommit, closed or broken is closed,
+    never handed to the next caller (the pool would roll it back and keep its session
+    state). Fork: a child starts a pool of its own on first use and never uses or
+    closes its parent's (closing a connection would end the parent's session on the
+    shared socket; the parent's pool threads do not exist in the child). After
+    `close()` the next use opens a new pool.
     """
 
-    def __init__(self, url: str, size: int) -> None:
-        self._url = url
+    def __init__(self, conninfo: str, size: int) -> None:
+        self._conninfo = conninfo
         self._size = max(1, size)
-        self._idle: list[tuple[psycopg.Connection[Any], float]] = []
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(2 * self._size)
-        #: Connections a forked child inherited: kept referenced, never used or closed
-        #: (closing one would end the parent's session on the shared socket).
-        self._inherited: list[tuple[psycopg.Connection[Any], float]] = []
-        #: id() of each connection this process has lent out (a fork starts it empty).
-        self._lent: set[int] = set()
-        #: Connections opened before the last close() are not kept when given back.
-        self._closed_at = -1.0
-        # A forked child gets fresh locks and slots (one held at fork time would be lost).
+        #: What a forked child inherited (the parent's pool, connections lent at fork
+        #: time): kept referenced, never used or closed.
+        self._inherited: list[object] = []
         after_fork_in_child(self._forked)
 
-    def get(self) -> tuple[psycopg.Connection[Any], float]:
-        """A live autocommit connection and when it was opened; `put` it back."""
-        if not self._slots.acquire(timeout=POOL_TIMEOUT_S):
-            raise sa.exc.TimeoutError(
-                f"no database connection free after {POOL_TIMEOUT_S:.0f} s "
-                f"({2 * self._size} in use)"
-            )
-        try:
-            while True:
-                with self._lock:
-                    found = self._idle.pop() if self._idle else None
-                if found is None:
-                    conn, opened = psycopg.connect(self._url, autocommit=True), time.monotonic()
-                else:
-                    conn, opened = found
-                    if not (time.monotonic() - opened < POOL_RECYCLE_S and _usable(conn)):
-                        _close_quietly(conn)
-                        continue
-                with self._lock:
-                    self._lent.add(id(conn))
-                return conn, opened
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def put(self, conn: psycopg.Connection[Any], opened: float) -> None:
-        """Give back a connection `get` gave; kept only if idle, live and wanted."""
-        with self._lock:
-            if id(conn) not in self._lent:
-                # Lent before a fork: the parent's session; never closed, slot not ours.
-                self._inherited.append((conn, opened))
-                return
-            self._lent.discard(id(conn))
-        try:
-            idle = (
-                not conn.closed
-                and not conn.broken
-                and conn.autocommit
-                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            )
-            if idle:
-                with self._lock:
-                    if opened > self._closed_at and len(self._idle) < self._size:
-                        self._idle.append((conn, opened))
-                        return
+    def get(self) -> tuple[psycopg.Connection[Any], ConnectionPool[psycopg.Connection[Any]]]:
+        """A live autocommit connection and the pool it came from; `put` it back."""
+        pool = self._current()
+        deadline = time.monotonic() + POOL_TIMEOUT_S
+        # Bounded: a drain replaces every idle connection, so a second dead one is rare.
+        for _ in range(2 * self._size + 1):
+            try:
+                conn = pool.getconn(max(0.0, deadline - time.monotonic()))
+            except PoolTimeout as err:
+                raise sa.exc.TimeoutError(
+                    f"no database connection free after {POOL_TIMEOUT_S:.0f} s "
+                    f"({2 * self._size} in use)"
+                ) from err
+            if _usable(conn):
+                return conn, pool
             _close_quietly(conn)
-        finally:
-            self._slots.release()
+            pool.putconn(conn)
+            pool.drain()
+        raise sa.exc.TimeoutError("no live database connection: the server ends each one")
+
+    def put(
+        self, conn: psycopg.Connection[Any], pool: ConnectionPool[psycopg.Connection[Any]]
+    ) -> None:
+        """Give back a connection `get` gave; closed unless idle, live and in autocommit."""
+        if any(pool is inherited for inherited in self._inherited):
+            # Lent before a fork: the parent's session; never closed, never pooled here.
+            self._inherited.append(conn)
+            return
+        idle = (
+            not conn.closed
+            and not conn.broken
+            and conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        if not idle:
+            _close_quietly(conn)
+        # A pool closed since (`close()`) closes it; an open one replaces a closed one.
+        pool.putconn(conn)
 
     def close(self) -> None:
-        """Close the idle connections (those in use are closed when given back)."""
+        """Close the pool: idle connections now, those in use when given back."""
         with self._lock:
-            idle, self._idle, self._closed_at = self._idle, [], time.monotonic()
-        for conn, _ in idle:
-            _close_quietly(conn)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def _current(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                pool = self._pool
+                if pool is None:
+                    # Opened on first use: no threads or connections at construction.
+                    pool = ConnectionPool(
+                        self._conninfo,
+                        kwargs={"autocommit": True},
+                        min_size=0,
+                        max_size=2 * self._size,
+                        timeout=POOL_TIMEOUT_S,
+                        max_lifetime=POOL_RECYCLE_S,
+                        name="settle-autocommit",
+                        open=False,
+                    )
+                    pool.open()
+                    self._pool = pool
+        return pool
 
     def _forked(self) -> None:
-        # In the child, one thread: none of the parent's connections, locks or slots.
+        # In the child, one thread: a fresh lock, and the next use opens a new pool.
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(2 * self._size)
-        self._inherited.extend(self._idle)
-        self._idle, self._lent = [], set()
+        if self._pool is not None:
+            self._inherited.append(self._pool)
+        self._pool = None
 
 
 def after_fork_in_child(reset: Callable[[], None]) -> None:
@@ -439,8 +500,14 @@ class Database:
     @property
     def libpq_url(self) -> str:
         """This database's URL for a plain psycopg connection (LISTEN/NOTIFY, admin work)."""
-        url = self.engine.url.set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
+        url = self.engine.url
+        if isinstance(url.query.get("host"), tuple):
+            # Several hosts: libpq takes them only as `host=a,b port=1,2` (or in its own URL
+            # form, which SQLAlchemy does not write); the dialect builds exactly that.
+            _, params = self.engine.dialect.create_connect_args(url)
+            params.pop("context", None)  # the dialect's adapters, not a libpq option
+            return psycopg.conninfo.make_conninfo("", **params)
+        return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     @contextmanager
     def driver_transaction(self) -> Iterator[Any]:
@@ -466,11 +533,11 @@ class Database:
         For hot statements that are atomic alone (reads, or one statement that writes
         everything), without SQLAlchemy's layers (see AutocommitConnections).
         """
-        conn, opened = self._autocommit.get()
+        conn, pool = self._autocommit.get()
         try:
             yield conn
         finally:
-            self._autocommit.put(conn, opened)
+            self._autocommit.put(conn, pool)
 
     def driver_statement(self, statement: sa.Executable) -> DriverStatement:
         """`statement` compiled for this engine's driver (see DriverStatement)."""

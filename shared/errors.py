@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import sqlalchemy as sa
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
@@ -164,6 +165,17 @@ def register_error_handlers(app: Flask) -> None:
         if status == 405 and isinstance(getattr(err, "valid_methods", None), list | tuple):
             response.headers["Allow"] = ", ".join(err.valid_methods or [])
         return response
+
+    @app.errorhandler(sa.exc.TimeoutError)
+    def _no_connection(err: sa.exc.TimeoutError) -> Response:
+        # Every pooled database connection stayed busy for the pool's whole wait: the
+        # service is saturated, not broken; the client may retry shortly.
+        log.warning("request refused: %s", err)
+        return error_response(
+            ServiceUnavailable(
+                "every database connection is busy; retry in 1 s", headers={"Retry-After": "1"}
+            )
+        )
 
     @app.errorhandler(RecursionError)
     def _too_deep(err: RecursionError) -> Response:
