@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared import events
+from shared import events, subscriptions
 
 #: JSON Schema dialect of every schema here.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -193,7 +193,16 @@ _WEBHOOK_ENDPOINT = _object(
         "id": {"type": "string"},
         "name": {"type": "string"},
         "url": {"type": "string"},
-        "eventTypes": {"type": "array", "items": {"type": "string"}},
+        "eventTypes": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": 'Types and patterns ("*", "deposit.*") it subscribes to.',
+        },
+        "receives": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The types it receives today (its patterns expanded).",
+        },
         "status": {"type": "string", "enum": ["enabled", "disabled"]},
         "disabledReason": {"type": ["string", "null"]},
         "previousSecretExpiresAt": _nullable(_TIMESTAMP),
@@ -397,6 +406,7 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "name": "Production ledger",
     "url": "https://hooks.example.com/settle",
     "eventTypes": ["deposit.credited", "deposit.failed"],
+    "receives": ["deposit.credited", "deposit.failed"],
     "status": "disabled",
     "disabledReason": "failing",
     "previousSecretExpiresAt": None,
@@ -670,16 +680,8 @@ def documents() -> list[dict[str, Any]]:
     return [entry.document() for entry in catalog()]
 
 
-def unknown_type_message(event_type: object) -> str:
-    """The error for a type that is not in the catalog; it lists the valid ones."""
-    shown = repr(event_type)
-    if len(shown) > 80:  # never echo a huge input back whole
-        shown = shown[:77] + "..."
-    return (
-        f"unknown event type {shown}; the event types are: "
-        + ", ".join(events.EVENT_TYPES)
-        + " (GET /v1/event-types describes each)"
-    )
+#: The error for a type that is not in the catalog (it lists the valid ones).
+unknown_type_message = events.unknown_type_message
 
 
 # -- docs/EVENTS.md -----------------------------------------------------------------
@@ -726,6 +728,12 @@ def markdown() -> str:
     entries = catalog()
     for entry in entries:
         out.append(f"| [`{entry.type}`](#{_anchor(entry.type)}) | {entry.summary} |")
+    out += ["", "An endpoint's `eventTypes` may also hold these patterns; each covers the types"]
+    out += ["below today and any type added under it in a later release:", ""]
+    out += ["| pattern | covers today |", "|---|---|"]
+    for pattern in subscriptions.catalog_patterns():
+        covered = ", ".join(f"`{t}`" for t in pattern["eventTypes"])  # type: ignore[union-attr]
+        out.append(f"| `{pattern['pattern']}` | {covered} |")
     for entry in entries:
         out += ["", f"### {entry.type}", "", entry.summary, "", entry.details, ""]
         out += ["`data`:", "", *_fields_table(entry.data_schema), ""]

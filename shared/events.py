@@ -57,6 +57,18 @@ DURABLE_DEPOSIT_STATUSES: tuple[str, ...] = (
 )
 
 
+def unknown_type_message(event_type: object) -> str:
+    """The error for a type that is not in the catalog; it lists the valid ones."""
+    shown = repr(event_type)
+    if len(shown) > 80:  # never echo a huge input back whole
+        shown = shown[:77] + "..."
+    return (
+        f"unknown event type {shown}; the event types are: "
+        + ", ".join(EVENT_TYPES)
+        + " (GET /v1/event-types describes each)"
+    )
+
+
 #: Durable deposit event ids are `evt_dep_<depositId>_<status>`.
 DURABLE_ID_PREFIX = "evt_dep_"
 

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from services.notifier.models import ENABLED, PENDING, SKIPPED, Delivery, Endpoint
 from services.notifier.webhook_endpoints import get_endpoint
+from shared import subscriptions
 from shared.db import Database, DriverStatement, adopt, database_of, driver_connection
 from shared.errors import Conflict
 from shared.ids import new_id
@@ -76,9 +77,10 @@ _INSERT_DELIVERY = sa.insert(Delivery).values(
 
 
 def subscribes(event_types: Iterable[str] | None, event_type: str) -> bool:
-    """True when an endpoint subscribed to `event_types` wants events of `event_type`."""
+    """True when an endpoint subscribed to `event_types` (types or patterns such as `*`
+    and `deposit.*`) wants events of `event_type`."""
     # A tenant has a few endpoints (capped), so the test runs here rather than in SQL.
-    return event_type in (event_types or ())
+    return subscriptions.subscribes(event_types, event_type)
 
 
 def subscribers(

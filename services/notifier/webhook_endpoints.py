@@ -25,10 +25,9 @@ from services.notifier.models import (
     Endpoint,
 )
 from services.notifier.secrets import SecretBox, new_secret
+from shared import subscriptions
 from shared.api import Page, field_error, keyset_page
 from shared.errors import Conflict, NotFound
-from shared.event_catalog import unknown_type_message
-from shared.events import EVENT_TYPES
 from shared.ids import new_id
 from shared.timefmt import utcnow
 
@@ -81,11 +80,13 @@ def checked_name(name: str, field: str = "name") -> str:
 
 
 def checked_event_types(event_types: Iterable[str], field: str = "eventTypes") -> list[str]:
-    """Known types, duplicates dropped, first-seen order kept; at least one."""
+    """Known types or patterns (`*`, `deposit.*`: shared/subscriptions.py), duplicates
+    dropped, first-seen order kept; at least one."""
     kept: list[str] = []
     for event_type in event_types:
-        if event_type not in EVENT_TYPES:
-            raise field_error(field, unknown_type_message(event_type))
+        problem = subscriptions.problem(event_type)
+        if problem is not None:
+            raise field_error(field, problem)
         if event_type not in kept:
             kept.append(event_type)
     if not kept:

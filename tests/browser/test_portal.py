@@ -647,7 +647,7 @@ def test_the_catalog_lists_every_type(page: Any, portal: Portal) -> None:
     page.get_by_role("heading", name="Event catalog").wait_for()
     loaded(page)
     types = portal.call("GET", "/v1/notifier/openapi.json", None)["components"]["schemas"]
-    names = types["Endpoint"]["properties"]["eventTypes"]["items"]["enum"]
+    names = types["Endpoint"]["properties"]["receives"]["items"]["enum"]
     for name in names:
         assert page.get_by_role("heading", name=name, exact=True).count() == 1, name
     screenshot(page, "events")

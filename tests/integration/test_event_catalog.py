@@ -43,7 +43,7 @@ def test_event_types_is_public_and_describes_every_type(client: FlaskClient) -> 
     # a schema and an example that meets it
     assert response.status_code == 200 and response.mimetype == "application/json"
     body = response.get_json()
-    assert list(body) == ["eventTypes"]
+    assert list(body) == ["eventTypes", "patterns"]
     listed = body["eventTypes"]
     assert [entry["type"] for entry in listed] == list(events.EVENT_TYPES)
     for entry in listed:
@@ -51,6 +51,10 @@ def test_event_types_is_public_and_describes_every_type(client: FlaskClient) -> 
         assert len(entry["description"]) > 40, entry["type"]
         assert entry["schema"]["properties"]["type"] == {"const": entry["type"]}
         assert catalog_errors(entry["example"]) == [], entry["type"]
+    # And the patterns an endpoint may subscribe to, each with what it covers today
+    patterns = {p["pattern"]: p["eventTypes"] for p in body["patterns"]}
+    assert patterns["*"] == list(events.EVENT_TYPES)
+    assert patterns["deposit.*"] == [t for t in events.EVENT_TYPES if t.startswith("deposit.")]
 
 
 def test_event_types_is_in_the_openapi_document(client: FlaskClient) -> None:
@@ -59,10 +63,10 @@ def test_event_types_is_in_the_openapi_document(client: FlaskClient) -> None:
     assert not operation.get("security"), "the catalog is public"
     schema_ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     schema = spec["components"]["schemas"][schema_ref.rsplit("/", 1)[1]]
-    assert list(schema["properties"]) == ["eventTypes"]
+    assert list(schema["properties"]) == ["eventTypes", "patterns"]
 
 
-@pytest.mark.parametrize("bad", ["deposit.*", "deposit.settled", "", "DEPOSIT.CREDITED"])
+@pytest.mark.parametrize("bad", ["deposit.*x", "deposit.settled", "", "DEPOSIT.CREDITED"])
 def test_an_unknown_event_type_is_refused_with_the_valid_ones(
     notifier_client: FlaskClient, pg_db: Database, bad: str
 ) -> None:

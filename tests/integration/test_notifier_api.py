@@ -149,6 +149,9 @@ VALID = {"name": "Ledger", "url": PUBLIC_URL, "eventTypes": [events.DEPOSIT_CRED
         ({"url": 5}, "url"),
         ({"eventTypes": []}, "eventTypes"),
         ({"eventTypes": ["deposit.nope"]}, "eventTypes.0"),
+        ({"eventTypes": ["nope.*"]}, "eventTypes.0"),
+        ({"eventTypes": ["*.credited"]}, "eventTypes.0"),
+        ({"eventTypes": ["deposit.credited.*"]}, "eventTypes.0"),
         ({"eventTypes": [events.DEPOSIT_CREDITED, 7]}, "eventTypes.1"),
         ({"eventTypes": "deposit.credited"}, "eventTypes"),
         ({"secret": "whsec_mine"}, "secret"),
@@ -173,6 +176,28 @@ def test_bad_creations_are_400_naming_the_field(
     assert (
         notifier_client.get(ENDPOINTS, headers=tenant.headers).get_json()["webhookEndpoints"] == []
     )
+
+
+def test_patterns_are_kept_as_given_and_expanded_in_receives(
+    notifier_client: FlaskClient, pg_db: Database
+) -> None:
+    # Given endpoints subscribed to "*" and to "deposit.*" (and deposit.credited again)
+    tenant = make_tenant(pg_db)
+    everything, _ = make_endpoint(notifier_client, tenant, eventTypes=["*"])
+    deposits, _ = make_endpoint(
+        notifier_client, tenant, eventTypes=["deposit.*", events.DEPOSIT_CREDITED]
+    )
+    # Then each shows its subscription as given and what it receives today
+    assert everything["eventTypes"] == ["*"]
+    assert everything["receives"] == list(events.EVENT_TYPES)
+    assert deposits["eventTypes"] == ["deposit.*", events.DEPOSIT_CREDITED]
+    assert deposits["receives"] == [t for t in events.EVENT_TYPES if t.startswith("deposit.")]
+    # And PATCH takes patterns too
+    path = f"{ENDPOINTS}/{deposits['id']}"
+    patched = notifier_client.patch(
+        path, json={"eventTypes": ["webhook.*"]}, headers=tenant.headers
+    ).get_json()["webhookEndpoint"]
+    assert patched["receives"] == [t for t in events.EVENT_TYPES if t.startswith("webhook.")]
 
 
 def test_bad_json_is_invalid_json(notifier_client: FlaskClient, pg_db: Database) -> None:

@@ -9,7 +9,7 @@ import marshmallow as ma
 from flask import Response
 from flask.views import MethodView
 
-from shared import event_catalog
+from shared import event_catalog, subscriptions
 from shared.api import Blueprint, Schema
 
 blp = Blueprint(
@@ -32,15 +32,37 @@ class EventTypeSchema(Schema):
     example = ma.fields.Dict(required=True, metadata={"description": "An example body."})
 
 
+class PatternSchema(Schema):
+    pattern = ma.fields.String(required=True, metadata={"example": "deposit.*"})
+    event_types = ma.fields.List(
+        ma.fields.String(),
+        required=True,
+        metadata={
+            "description": "The types it covers today; a type added later under the "
+            "pattern is covered too."
+        },
+    )
+
+
 class EventTypesSchema(Schema):
     event_types = ma.fields.List(ma.fields.Nested(EventTypeSchema), required=True)
+    patterns = ma.fields.List(
+        ma.fields.Nested(PatternSchema),
+        required=True,
+        metadata={
+            "description": "What a webhook endpoint's eventTypes may hold besides types: "
+            '"*" (every type) and "<prefix>.*", each with the types it covers today.'
+        },
+    )
 
 
 @functools.cache
 def _body() -> bytes:
     # The catalog is fixed for the life of the process: render it once.
     return json.dumps(
-        {"eventTypes": event_catalog.documents()}, separators=(",", ":"), ensure_ascii=False
+        {"eventTypes": event_catalog.documents(), "patterns": subscriptions.catalog_patterns()},
+        separators=(",", ":"),
+        ensure_ascii=False,
     ).encode()
 
 
@@ -48,5 +70,6 @@ def _body() -> bytes:
 class EventTypes(MethodView):
     @blp.response(200, EventTypesSchema)
     def get(self) -> Response:
-        """List every webhook event type: when it fires, its JSON Schema and an example."""
+        """List every webhook event type (when it fires, its JSON Schema, an example) and the
+        patterns an endpoint may subscribe to."""
         return Response(_body(), mimetype="application/json")

@@ -28,7 +28,7 @@ from services.notifier.webhook_endpoints import (
     MIN_RATE_LIMIT,
     previous_secret_expires_at,
 )
-from shared import signing
+from shared import signing, subscriptions
 from shared.api import ListArgs, Schema, StrictInteger, StrictNumber, Timestamp
 from shared.event_catalog import unknown_type_message
 from shared.events import EVENT_TYPES
@@ -57,6 +57,27 @@ def event_type_field(**kwargs: Any) -> ma.fields.String:
     )
 
 
+def _subscribable(value: str) -> None:
+    problem = subscriptions.problem(value)
+    if problem is not None:
+        raise ma.ValidationError(problem)
+
+
+SUBSCRIPTIONS_DESCRIPTION = (
+    'Event types, or patterns: "*" (every type, today\'s and later ones) or '
+    '"<prefix>.*" such as "deposit.*" (every type under the prefix, today\'s and later '
+    "ones); duplicates are dropped. GET /v1/event-types lists each pattern's types."
+)
+
+
+def subscription_field(**kwargs: Any) -> ma.fields.String:
+    return ma.fields.String(
+        validate=_subscribable,
+        metadata={"enum": [*EVENT_TYPES, *subscriptions.patterns()]},
+        **kwargs,
+    )
+
+
 # -- endpoints ----------------------------------------------------------------------
 
 RATE_LIMIT_DESCRIPTION = (
@@ -78,7 +99,19 @@ class EndpointSchema(Schema):
     id = ma.fields.String(required=True, metadata={"example": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B"})
     name = ma.fields.String(required=True, metadata={"example": "Production ledger"})
     url = ma.fields.String(required=True, metadata={"example": "https://hooks.example.com/settle"})
-    event_types = ma.fields.List(event_type_field(), required=True)
+    event_types = ma.fields.List(
+        subscription_field(),
+        required=True,
+        metadata={"description": "What it subscribes to, as given: " + SUBSCRIPTIONS_DESCRIPTION},
+    )
+    receives = ma.fields.List(
+        event_type_field(),
+        required=True,
+        metadata={
+            "description": "The event types it receives today (its eventTypes with each "
+            "pattern expanded), in the catalog's order."
+        },
+    )
     status = ma.fields.String(required=True, metadata={"enum": [ENABLED, DISABLED]})
     disabled_reason = ma.fields.String(
         required=True,
@@ -111,6 +144,7 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
         "name": endpoint.name,
         "url": endpoint.url,
         "event_types": list(endpoint.event_types),
+        "receives": subscriptions.receives(endpoint.event_types),
         "status": endpoint.status,
         "disabled_reason": endpoint.disabled_reason if endpoint.status == DISABLED else None,
         "previous_secret_expires_at": previous_secret_expires_at(endpoint, now),
@@ -136,13 +170,10 @@ class EndpointCreateSchema(Schema):
         },
     )
     event_types = ma.fields.List(
-        event_type_field(),
+        subscription_field(),
         required=True,
         validate=ma.validate.Length(min=1, error="subscribe to at least one event type"),
-        metadata={
-            "description": "Known event types; duplicates are dropped.",
-            "example": ["deposit.credited"],
-        },
+        metadata={"description": SUBSCRIPTIONS_DESCRIPTION, "example": ["deposit.credited"]},
     )
     rate_limit_per_second = rate_limit_field(load_default=None)
 
@@ -151,8 +182,9 @@ class EndpointPatchSchema(Schema):
     name = ma.fields.String(validate=ma.validate.Length(min=1, max=MAX_NAME_LENGTH))
     url = ma.fields.String(validate=ma.validate.Length(min=1, max=MAX_URL_LENGTH))
     event_types = ma.fields.List(
-        event_type_field(),
+        subscription_field(),
         validate=ma.validate.Length(min=1, error="subscribe to at least one event type"),
+        metadata={"description": SUBSCRIPTIONS_DESCRIPTION},
     )
     status = ma.fields.String(
         validate=ma.validate.OneOf([ENABLED, DISABLED]), metadata={"enum": [ENABLED, DISABLED]}

@@ -23,7 +23,7 @@ import {
   time,
   toast,
 } from "../ui.js";
-import { eventTypes } from "./shared.js";
+import { subscriptionChoices } from "./shared.js";
 import { confirmSensitive } from "../stepup.js";
 
 const listState = { stack: [], cursor: null };
@@ -44,7 +44,7 @@ async function renderList(root, params) {
       { label: "Created", time: "createdAt", render: (e) => time(e.createdAt) },
       { label: "Name", render: (e) => h("a", { href: `#/endpoints/${e.id}` }, e.name) },
       { label: "URL", render: (e) => code(e.url) },
-      { label: "Event types", render: (e) => e.eventTypes.join(", ") },
+      { label: "Event types", render: (e) => h("span", { title: "Receives: " + e.receives.join(", ") }, e.eventTypes.join(", ")) },
       { label: "Status", render: (e) => badge(e.status) },
     ], body.webhookEndpoints, { empty: "No webhook endpoints yet." }),
     pager(listState, body.nextCursor, (cursor) => go("/endpoints", { cursor, limit: params.get("limit") })),
@@ -52,7 +52,7 @@ async function renderList(root, params) {
 }
 
 async function createSection() {
-  const types = (await eventTypes()).map((t) => t.type);
+  const types = await subscriptionChoices();
   const name = input({ name: "name", maxlength: 200 });
   const url = input({ name: "url", type: "url", placeholder: "https://…", spellcheck: false });
   const [typesField, chosen] = checkboxes("Event types", types, ["deposit.credited", "deposit.failed"]);
@@ -86,6 +86,8 @@ async function renderOne(root, endpointId) {
       ["URL", code(endpoint.url)],
       ["Status", [badge(endpoint.status), endpoint.disabledReason ? ` (${endpoint.disabledReason})` : ""]],
       ["Event types", endpoint.eventTypes.join(", ")],
+      // Patterns ("*", "deposit.*") spelled out: the types it receives today.
+      ...(endpoint.receives.join() === endpoint.eventTypes.join() ? [] : [["Receives today", endpoint.receives.join(", ")]]),
       ["Previous secret valid until", time(endpoint.previousSecretExpiresAt)],
       ["Created", time(endpoint.createdAt)],
       ["Updated", time(endpoint.updatedAt)],
@@ -144,7 +146,7 @@ async function actions(endpoint) {
   out.append(section("Actions", buttons));
 
   // Edit name, URL and event types.
-  const types = (await eventTypes()).map((t) => t.type);
+  const types = await subscriptionChoices();
   const name = input({ value: endpoint.name, maxlength: 200 });
   const url = input({ type: "url", value: endpoint.url, spellcheck: false });
   const [typesField, chosen] = checkboxes("Event types", types, endpoint.eventTypes);

@@ -25,10 +25,21 @@ export function chainName(list, chainId) {
 }
 
 let catalog = null;
-/** GET /v1/event-types (every type, its description, schema and example), once per page load. */
-export async function eventTypes() {
-  if (!catalog) catalog = (await api("GET", "/v1/event-types")).eventTypes;
+/** GET /v1/event-types, once per page load. */
+async function catalogBody() {
+  if (!catalog) catalog = await api("GET", "/v1/event-types");
   return catalog;
+}
+
+/** Every event type: its description, schema and example. */
+export async function eventTypes() {
+  return (await catalogBody()).eventTypes;
+}
+
+/** What an endpoint may subscribe to: the patterns ("*", "deposit.*", ...), then each type. */
+export async function subscriptionChoices() {
+  const body = await catalogBody();
+  return [...body.patterns.map((p) => p.pattern), ...body.eventTypes.map((t) => t.type)];
 }
 
 /** Every endpoint of the tenant (walks the cursors; tenants have at most a few dozen). */
