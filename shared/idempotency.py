@@ -7,6 +7,15 @@ are kept; after a 500 the claim is dropped so the client may retry.
 Records hold no secret in plaintext: a response (a webhook secret, an API key) is
 stored encrypted with a key derived from SETTLE_SECRET_KEY, and the request is
 remembered by a keyed HMAC, not a plain hash of a body that may carry a password.
+A record belongs to the principal that made it, never to its whole tenant: an API
+key's id, a member and the role they acted with, or a portal link and its role. So
+another tenant, a lesser key of the same tenant or a link's session sending the same
+key and body runs its own request (meeting every check of its route) and never
+receives a response made for someone else (a full-scope key, a signing secret); a
+member whose role changed since is judged anew too. The decorator sits inside the
+route's auth decorator, so authentication and the route's role or scope are checked
+before any replay.
+
 Records expire after 24 h: a claim ignores an older record, and every API process
 deletes expired rows, a bounded batch at a time, at most once a minute (after
 answering an idempotent request, so no request waits for it).
@@ -30,6 +39,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from shared.db import Database, UTCDateTime, is_unique_violation
 from shared.errors import ApiError, Conflict, IdempotencyKeyReused, InvalidRequest, error_response
+from shared.identity.principal import Principal
 from shared.secretbox import SecretBox, SecretDecryptError
 from shared.timefmt import utcnow
 
@@ -142,6 +152,20 @@ def purge_expired(
     return int(result.rowcount or 0)
 
 
+def principal_scope(principal: Principal) -> str:
+    """Whose records these are: the key, or the member or link with the role it acts with.
+
+    Ids are unique across tenants (a ULID with a kind prefix), so the tenant needs no
+    place of its own; at most 30 + 1 + 9 characters, within the column's 64.
+    """
+    if principal.api_key_id is not None:
+        return principal.api_key_id
+    who = principal.link_id or principal.member_id
+    if not who:
+        raise ValueError("an idempotent route needs an authenticated principal")
+    return f"{who}/{principal.role}"
+
+
 def _fingerprint(box: SecretBox) -> str:
     message = request.method.encode() + b" " + request.path.encode() + b"\n"
     return box.digest(message + request.get_data(cache=True))
@@ -160,7 +184,7 @@ def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
                 raise InvalidRequest(f"{HEADER} must be 1..{MAX_KEY_LENGTH} printable characters")
             store: IdempotencyStore = current_app.extensions[APP_STORE]
             db, box = store.db, store.box
-            scope = g.principal.tenant_id
+            scope = principal_scope(g.principal)
             replay = _claim(db, box, model, scope, key, _fingerprint(box))
             if replay is not None:
                 return replay

@@ -131,8 +131,30 @@ def revoke_api_key(
     if key.revoked_at is not None:
         return key, False
     key.revoked_at = utcnow()
+    end_grants(session, key.id, now=key.revoked_at)
     session.flush()
     return key, True
+
+
+def end_grants(session: Session, grantor_id: str, *, now: datetime | None = None) -> None:
+    """End at once what a key or member handed out: its portal links, and the sessions
+    they opened. A revoked key's (or removed member's) links must not outlive it.
+
+    An unopened link expires now; opening it races this UPDATE on the link's row and
+    rereads `expires_at` (open_link's WHERE), so it never opens after this commits.
+    """
+    now = now or utcnow()
+    links = sa.select(PortalLink.id).where(PortalLink.created_by == grantor_id)
+    session.execute(
+        sa.update(PortalLink)
+        .where(PortalLink.created_by == grantor_id, PortalLink.expires_at > now)
+        .values(expires_at=now)
+    )
+    session.execute(
+        sa.update(PortalSession)
+        .where(PortalSession.portal_link_id.in_(links), PortalSession.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
 
 
 @dataclass(frozen=True)
@@ -260,6 +282,7 @@ def remove_member(session: Session, actor: Principal, member_id: str) -> Member:
     if member.role == "owner":
         _keep_an_owner(session, actor.tenant_id)
     session.execute(sa.delete(PortalSession).where(PortalSession.member_id == member.id))
+    end_grants(session, member.id)
     session.delete(member)
     session.flush()
     return member

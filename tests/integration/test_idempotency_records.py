@@ -70,7 +70,7 @@ def test_creation_and_rotation_with_a_key_store_no_secret_in_plaintext(
     new_secret = rotated.get_json()["secret"]
 
     # When the idempotency table is read as an attacker with a database dump would
-    records = _records(pg_db, NotifierIdempotencyRecord, tenant.tenant_id)
+    records = _records(pg_db, NotifierIdempotencyRecord, tenant.api_key_id)
 
     # Then neither secret (nor any part of a response) is there in plaintext
     assert len(records) == 2
@@ -95,7 +95,7 @@ def test_core_records_are_sealed_too(
     first = client.post("/v1/deposit-accounts", json={"externalUserId": uid}, headers=headers)
     assert first.status_code == 200
     # Then its record holds neither the response nor a plain hash of the request
-    (record,) = _records(pg_db, IdempotencyRecord, policy_tenant.tenant_id)
+    (record,) = _records(pg_db, IdempotencyRecord, policy_tenant.api_key_id)
     assert uid not in _as_text(record)
     assert first.get_json()["depositAccount"]["id"] not in _as_text(record)
     # And the replay is the first response
@@ -127,7 +127,7 @@ def test_api_keys_members_and_portal_links_with_a_key_store_no_secret(
     link = post("/v1/portal-links", {"role": "viewer"}, "link-1")
     token = link["portalLink"]["url"].partition("#")[2]
     # Then none of them is in the idempotency table in plaintext
-    records = _records(pg_db, IdempotencyRecord, tenant.tenant_id)
+    records = _records(pg_db, IdempotencyRecord, tenant.api_key_id)
     assert len(records) == 3
     dumped = " ".join(_as_text(r) for r in records)
     for secret in (made_key["secret"], password, token):
@@ -173,7 +173,7 @@ def test_an_api_process_purges_expired_records_after_answering(
     old_headers = {**tenant.headers, "Idempotency-Key": "yesterday"}
     body = {"name": "Ledger", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
     assert notifier_client.post(ENDPOINTS, json=body, headers=old_headers).status_code == 200
-    _backdate(pg_db, NotifierIdempotencyRecord, tenant.tenant_id, hours=25)
+    _backdate(pg_db, NotifierIdempotencyRecord, tenant.api_key_id, hours=25)
     store: idempotency.IdempotencyStore = notifier_app.extensions[idempotency.APP_STORE]
     store._next_purge = 0.0  # the minute since this process last purged has passed
 
@@ -186,8 +186,8 @@ def test_an_api_process_purges_expired_records_after_answering(
 
     # Then the expired record is gone, and the fresh one is kept
     assert answer.status_code == 200
-    assert _records(pg_db, NotifierIdempotencyRecord, tenant.tenant_id) == []
-    assert len(_records(pg_db, NotifierIdempotencyRecord, other.tenant_id)) == 1
+    assert _records(pg_db, NotifierIdempotencyRecord, tenant.api_key_id) == []
+    assert len(_records(pg_db, NotifierIdempotencyRecord, other.api_key_id)) == 1
     # And the next answer within the minute does not purge again
     assert not store.purge_due()
 
@@ -200,7 +200,7 @@ def test_a_key_older_than_24_hours_is_new_again(
     headers = {**tenant.headers, "Idempotency-Key": "reused-daily"}
     body = {"name": "Ledger", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
     first = notifier_client.post(ENDPOINTS, json=body, headers=headers).get_json()
-    _backdate(pg_db, NotifierIdempotencyRecord, tenant.tenant_id, hours=24.01)
+    _backdate(pg_db, NotifierIdempotencyRecord, tenant.api_key_id, hours=24.01)
     # When the key comes again, Then it acts anew (no replay of yesterday's secret)
     second = notifier_client.post(ENDPOINTS, json=body, headers=headers)
     assert second.headers.get("Idempotent-Replayed") is None
@@ -219,7 +219,7 @@ def test_a_record_sealed_under_another_key_is_refused_not_run_again(
     with pg_db.transaction() as session:
         session.execute(
             sa.update(NotifierIdempotencyRecord)
-            .where(NotifierIdempotencyRecord.scope == tenant.tenant_id)
+            .where(NotifierIdempotencyRecord.scope == tenant.api_key_id)
             .values(response_body=foreign)
         )
     # When the request is retried, Then it is a 409 (acting twice would make a 2nd endpoint)

@@ -1,0 +1,92 @@
+"""Revoking a key or removing a member ends, at once, every portal link it handed out
+and every session those links opened (issue 23: they used to outlive their grantor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.conftest import TenantKeys
+from tests.integration.conftest import assert_error
+from tests.integration.notifier_fixtures import (  # noqa: F401 (fixtures, used by name)
+    PUBLIC_URL,
+    notifier_app_fixture,
+    notifier_context_fixture,
+)
+
+pytestmark = pytest.mark.integration
+
+HOOK = {"name": "support", "url": PUBLIC_URL, "eventTypes": ["deposit.credited"]}
+
+
+def _ok(response: Any) -> dict[str, Any]:
+    assert response.status_code in (200, 204), (response.status_code, response.get_json())
+    body: dict[str, Any] = response.get_json(silent=True) or {}
+    return body
+
+
+def _token(client: FlaskClient, headers: dict[str, str]) -> str:
+    made = _ok(client.post("/v1/portal-links", json={"role": "developer"}, headers=headers))
+    return str(made["portalLink"]["url"].partition("#")[2])
+
+
+def _opened(core_app: Flask, notifier_app: Flask, token: str) -> tuple[FlaskClient, str]:
+    """A notifier client carrying the session the link opened, and its CSRF token."""
+    browser = core_app.test_client()
+    session = _ok(browser.post("/v1/sessions/portal-link", json={"token": token}))["session"]
+    cookie = browser.get_cookie("settle_session", path="/v1")
+    assert cookie is not None
+    notifier = notifier_app.test_client()
+    notifier.set_cookie("settle_session", cookie.value, path="/v1")
+    return notifier, str(session["csrfToken"])
+
+
+def _assert_ended(core_app: Flask, notifier: FlaskClient, csrf: str, unopened: str) -> None:
+    # The session no longer reads nor writes, and the unopened link no longer opens
+    assert_error(notifier.get("/v1/webhook-endpoints"), 401, "unauthorized")
+    wrote = notifier.post("/v1/webhook-endpoints", json=HOOK, headers={"X-CSRF-Token": csrf})
+    assert_error(wrote, 401, "unauthorized")
+    opened = core_app.test_client().post("/v1/sessions/portal-link", json={"token": unopened})
+    assert_error(opened, 401, "unauthorized")
+
+
+def test_revoking_a_key_ends_its_links_and_their_sessions(
+    core_app: Flask, notifier_app: Flask, tenant: TenantKeys
+) -> None:
+    # Given a key that made two links, one opened (its session writes) and one not
+    client = core_app.test_client()
+    made = _ok(
+        client.post(
+            "/v1/api-keys",
+            json={"scopes": ["portal:write", "webhooks:read", "webhooks:write"]},
+            headers=tenant.headers,
+        )
+    )
+    key = {"Authorization": f"Bearer {made['secret']}"}
+    notifier, csrf = _opened(core_app, notifier_app, _token(client, key))
+    unopened = _token(client, key)
+    _ok(notifier.post("/v1/webhook-endpoints", json=HOOK, headers={"X-CSRF-Token": csrf}))
+    # When the key is revoked
+    _ok(client.delete(f"/v1/api-keys/{made['apiKey']['id']}", headers=tenant.headers))
+    # Then the link's session and the unopened link end with it, at once
+    _assert_ended(core_app, notifier, csrf, unopened)
+
+
+def test_removing_a_member_ends_their_sessions_links_and_the_links_sessions(
+    core_app: Flask, notifier_app: Flask, tenant: TenantKeys
+) -> None:
+    # Given an admin, signed in, who made two links, one opened
+    admin = tenant.signed_in("admin")
+    browser = admin.client(core_app)
+    notifier, csrf = _opened(core_app, notifier_app, _token(browser, admin.headers))
+    unopened = _token(browser, admin.headers)
+    # When the admin is removed
+    client = core_app.test_client()
+    _ok(client.delete(f"/v1/members/{admin.member_id}", headers=tenant.headers))
+    # Then their own session has ended
+    assert_error(browser.get("/v1/sessions/current"), 401, "unauthorized")
+    # And so have their links and the links' sessions
+    _assert_ended(core_app, notifier, csrf, unopened)
