@@ -16,6 +16,7 @@ import copy
 import json
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,16 @@ def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
             "type": {"const": event_type},
             "createdAt": _TIMESTAMP,
             "tenantId": {"type": "string", "format": "uuid"},
+            "sequence": {
+                "type": "integer",
+                "minimum": 1,
+                "description": (
+                    "Only on events about a deposit account (data.deposit.accountId or "
+                    "data.depositAccount.id): 1, 2, 3... per account in commit order. A "
+                    "jump shows an event still to come; a lower number than one already "
+                    "seen, an event that overtook it."
+                ),
+            },
             "data": data_schema,
         },
     }
@@ -318,6 +329,8 @@ def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
 # -- examples -----------------------------------------------------------------------
 
 _TENANT_ID = "6f1c2a8e-4b3d-4e5f-9a7b-1c2d3e4f5a6b"
+_EXAMPLE_TIME = datetime(2026, 11, 21, 4, 11, 28, 123000, tzinfo=UTC)
+_EXAMPLE_SEQUENCE = 7
 _WALLET = "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed"
 _USDC_BASE = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
 _USDC_POLYGON = "0x3c499c542cEF5E3811e1192ce70d8cC03d5c3359"
@@ -447,13 +460,16 @@ class EventType:
     @property
     def example(self) -> dict[str, Any]:
         """An example body, as a receiver gets it."""
-        return {
-            "id": self.example_id,
-            "type": self.type,
-            "createdAt": "2026-11-21T04:11:28.123Z",
-            "tenantId": _TENANT_ID,
-            "data": copy.deepcopy(self.data_example),
-        }
+        data = copy.deepcopy(self.data_example)
+        sequence = None if events.account_of(data) is None else _EXAMPLE_SEQUENCE
+        return events.envelope(
+            self.type,
+            _TENANT_ID,
+            data,
+            event_id=self.example_id,
+            created_at=_EXAMPLE_TIME,
+            sequence=sequence,
+        )
 
     def document(self) -> dict[str, Any]:
         """The wire form of GET /v1/event-types."""

@@ -1,7 +1,8 @@
 """Domain events: the types, the envelope and the ids.
 
 The envelope is what a webhook receiver gets as the body:
-`{id, type, createdAt, tenantId, data}`. Durable deposit events have ids that
+`{id, type, createdAt, tenantId, data}`, with `sequence` between `tenantId` and `data`
+when the event is about a deposit account (`account_of`). Durable deposit events have ids that
 name the deposit and the status, so a second emission is refused by a unique key.
 """
 
@@ -99,6 +100,22 @@ def deposit_of_body(body: str) -> str | None:
     return deposit_id if isinstance(deposit_id, str) else None
 
 
+def account_of(data: dict[str, Any]) -> str | None:
+    """The deposit account an event's `data` is about: `data.deposit.accountId` (deposit
+    events) or `data.depositAccount.id` (account events); None for any other event.
+
+    Such events carry `sequence`, counted per account (services/core/event_sequences.py)."""
+    deposit = data.get("deposit")
+    if isinstance(deposit, dict):
+        account = deposit.get("accountId")
+        return account if isinstance(account, str) and account else None
+    holder = data.get("depositAccount")
+    if isinstance(holder, dict):
+        account = holder.get("id")
+        return account if isinstance(account, str) and account else None
+    return None
+
+
 def new_event_id() -> str:
     return new_id("evt")
 
@@ -110,17 +127,30 @@ def envelope(
     *,
     event_id: str | None = None,
     created_at: datetime | None = None,
+    sequence: int | None = None,
 ) -> dict[str, Any]:
-    """The event as a receiver sees it."""
+    """The event as a receiver sees it; `sequence` (an account's event number) only when
+    given."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {event_type}")
-    return {
+    envelope: dict[str, Any] = {
         "id": event_id or new_event_id(),
         "type": event_type,
         "createdAt": iso_ms(created_at or utcnow()),
         "tenantId": str(tenant_id),
-        "data": data,
     }
+    if sequence is not None:
+        envelope["sequence"] = sequence
+    envelope["data"] = data
+    return envelope
+
+
+def with_sequence(envelope: dict[str, Any], sequence: int) -> dict[str, Any]:
+    """A copy of `envelope` carrying `sequence` (in its place, before `data`)."""
+    copy = {key: value for key, value in envelope.items() if key not in ("sequence", "data")}
+    copy["sequence"] = sequence
+    copy["data"] = envelope["data"]
+    return copy
 
 
 #: `json.dumps(event, separators=(",", ":"), ensure_ascii=False)`, its encoder built once.

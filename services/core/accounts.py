@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
-from services.core import deposit_keys, outbox
+from services.core import deposit_keys, event_sequences, outbox
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
 from services.core.models import (
@@ -325,7 +325,10 @@ class _AccountDraft:
             updated_at=self.created_at,
         )
         _, event = outbox.event_row(
-            events.ACCOUNT_CREATED, self.tenant_id, {"depositAccount": document}
+            events.ACCOUNT_CREATED,
+            self.tenant_id,
+            {"depositAccount": document},
+            sequence=event_sequences.FIRST,
         )
         params = {
             **event,
@@ -552,6 +555,8 @@ def _write_statement(
             include_defaults=False,
         )
         ctes.append(addresses.cte("new_addresses"))
+    # Its first event is numbered FIRST: the account's numbering starts with it.
+    ctes.append(event_sequences.first_after(account).cte("new_sequence"))
     return outbox.insert_event_after(account).add_cte(*ctes)
 
 

@@ -185,5 +185,21 @@ class OutboxEvent(CoreBase):
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class AccountEventSequence(CoreBase):
+    """The last `sequence` an event about this deposit account carried.
+
+    Written in the transaction that writes the event (services/core/event_sequences.py):
+    the row's lock, held to the commit, makes an account's numbers increase in commit
+    order. Its own narrow table, so numbering never rewrites (or locks) the account row
+    that the API reads and PATCH updates. An account without a row has had no numbered
+    event (accounts created before core_0014): its next is 1.
+    """
+
+    __tablename__ = "account_event_sequences"
+
+    account_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    last_sequence: Mapped[int] = mapped_column(sa.BigInteger)
+
+
 class IdempotencyRecord(CoreBase, IdempotencyRecordMixin):
     __tablename__ = "idempotency_keys"

@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from services.core import event_sequences
 from services.core.models import OutboxEvent
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events, logs
@@ -58,24 +59,38 @@ def event_row(
     *,
     event_id: str | None = None,
     created_at: datetime | None = None,
+    sequence: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A new event's envelope and the outbox row (column values) that stores it.
+
+    `sequence`: the account's number for it (`emit` and `emit_many` take it; only the
+    writer of an account's first event passes it, event_sequences.FIRST).
+    """
+    envelope = events.envelope(
+        event_type,
+        tenant_id,
+        data,
+        event_id=event_id,
+        created_at=created_at or utcnow(),
+        sequence=sequence,
+    )
+    return envelope, row_of(envelope)
+
+
+def row_of(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The outbox row storing `envelope`.
 
     The row carries the id of the request being served (None outside a request), so
     the request's log lines, the notifier's and each delivery attempt's share it.
     """
-    envelope = events.envelope(
-        event_type, tenant_id, data, event_id=event_id, created_at=created_at or utcnow()
-    )
-    row = {
+    return {
         "event_id": envelope["id"],
-        "event_type": event_type,
-        "tenant_id": tenant_id,
+        "event_type": envelope["type"],
+        "tenant_id": envelope["tenantId"],
         "body": events.encode_text(envelope),
         "created_at": _stored_time(envelope["createdAt"]),
         "request_id": logs.request_id(),
     }
-    return envelope, row
 
 
 def emit(
@@ -89,13 +104,19 @@ def emit(
 ) -> dict[str, Any]:
     """Write an event in the caller's transaction and return its envelope.
 
-    A durable event id already present raises IntegrityError here: the caller
-    decides (pipeline steps treat it as "already emitted").
+    An event about a deposit account takes the account's next `sequence` (its lock is
+    held to the commit: event_sequences). A durable event id already present raises
+    IntegrityError here: the caller decides (pipeline steps treat it as "already
+    emitted"), in a savepoint that gives the number back.
     """
-    envelope, row = event_row(event_type, tenant_id, data, event_id=event_id, created_at=created_at)
     # The caller's pending ORM changes go first, as they did when the event was an
     # ORM object flushed with them (a no-op check when there are none).
     session.flush()
+    account = events.account_of(data)
+    sequence = None if account is None else event_sequences.take(session, {account: 1})[account]
+    envelope, row = event_row(
+        event_type, tenant_id, data, event_id=event_id, created_at=created_at, sequence=sequence
+    )
     session.execute(_INSERT, row)
     request_wakeup(session)
     return envelope
@@ -110,13 +131,24 @@ INSERT_NEW_EVENTS = (
 )
 
 
-def emit_many(session: Session, rows: list[dict[str, Any]]) -> int:
-    """Write many prepared events (`event_row`'s rows) in the caller's transaction.
+def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
+    """Write many new events (`events.envelope`s, without `sequence`) in the caller's
+    transaction, in their order.
 
     Unlike `emit`, a durable event id already present is skipped, not an error: bulk
     steps (the watcher recording a block's deposits) cannot take a savepoint per row.
-    One statement for all the rows. Returns how many rows were written.
+    Events about deposit accounts are numbered: their accounts are locked first (in
+    account order), the ids already written are then dropped (no other writer can add
+    one of them while the locks are held), and the rest take their numbers; the rows go
+    in one statement. Returns how many rows were written.
     """
+    if not envelopes:
+        return 0
+    accounts = [events.account_of(e["data"]) for e in envelopes]
+    if any(accounts):
+        rows = _numbered_rows(session, envelopes, accounts)
+    else:
+        rows = [row_of(e) for e in envelopes]
     if not rows:
         return 0
     db = database_of(session)
@@ -127,3 +159,31 @@ def emit_many(session: Session, rows: list[dict[str, Any]]) -> int:
     written = execute_json_rows(session, statement, rows)
     request_wakeup(session)
     return len(written)
+
+
+def _numbered_rows(
+    session: Session, envelopes: list[dict[str, Any]], accounts: list[str | None]
+) -> list[dict[str, Any]]:
+    """The rows of the envelopes not written before, each account's numbered in order."""
+    session.flush()
+    event_sequences.lock(session, sorted({a for a in accounts if a is not None}))
+    written = set(
+        session.scalars(
+            sa.select(_OUTBOX.c.event_id).where(
+                _OUTBOX.c.event_id.in_([e["id"] for e in envelopes])
+            )
+        )
+    )
+    fresh = [(e, a) for e, a in zip(envelopes, accounts, strict=True) if e["id"] not in written]
+    counts: dict[str, int] = {}
+    for _, account in fresh:
+        if account is not None:
+            counts[account] = counts.get(account, 0) + 1
+    following = event_sequences.take(session, counts)
+    rows = []
+    for envelope, account in fresh:
+        if account is not None:
+            envelope = events.with_sequence(envelope, following[account])
+            following[account] += 1
+        rows.append(row_of(envelope))
+    return rows

@@ -45,6 +45,7 @@ from services.core.deposits.settlement import DIRECT, INVENTORY
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
 from services.core.models import DepositAccount, DepositAddress
+from shared import events
 from shared.db import (
     Database,
     DriverStatement,
@@ -687,17 +688,17 @@ class Detection:
     def _emit(session: Session, deposits: Sequence[Any], status: str, now: datetime) -> None:
         """The durable events of many status changes (written once each)."""
         event_type = states.EVENT_TYPES[status]
-        rows = [
-            outbox.event_row(
+        envelopes = [
+            events.envelope(
                 event_type,
                 d.tenant_id,
                 {"deposit": deposit_document(d)},
                 event_id=states.event_id(d.id, status),
                 created_at=now,
-            )[1]
+            )
             for d in deposits
         ]
-        outbox.emit_many(session, rows)
+        outbox.emit_many(session, envelopes)
 
     # --- reorgs -----------------------------------------------------------------------------
 
