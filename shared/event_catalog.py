@@ -217,6 +217,41 @@ _WEBHOOK_ENDPOINT = _object(
     description="The endpoint, as GET /v1/webhook-endpoints serves it (never its secret).",
 )
 
+_DELIVERY_STATUSES = ["pending", "retrying", "succeeded", "failed", "skipped"]
+
+_WEBHOOK_DELIVERY = _object(
+    {
+        "id": {"type": "string", "pattern": "^whd_"},
+        "endpointId": {"type": "string"},
+        "eventId": {"type": "string"},
+        "eventType": {"type": "string"},
+        "status": {"type": "string", "enum": _DELIVERY_STATUSES},
+        "attemptCount": {"type": "integer"},
+        "nextAttemptAt": {**_nullable(_TIMESTAMP), "description": "Null once final."},
+        "lastAttemptAt": _nullable(_TIMESTAMP),
+        "lastResponseStatus": {"type": ["integer", "null"]},
+        "lastError": {"type": ["string", "null"]},
+        "replayOf": {
+            "type": ["string", "null"],
+            "description": "The delivery this one replays or recovers, if any.",
+        },
+        "createdAt": _TIMESTAMP,
+        "updatedAt": _TIMESTAMP,
+        "succeededAt": _nullable(_TIMESTAMP),
+    },
+    description="A delivery, as GET /v1/webhook-deliveries serves it.",
+)
+
+#: How long a run of failures lasted, and how many attempts failed in it.
+_FAILURE_RUN = {
+    "failingSince": {**_TIMESTAMP, "description": "The first failed attempt of the run."},
+    "failedAttempts": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "Attempts to the endpoint that failed in a row.",
+    },
+}
+
 
 #: Objects several types share, by name: `$defs` of the schemas, sections of the docs.
 #: A schema names one by holding that very dict (identity, not equality).
@@ -225,6 +260,7 @@ NAMED_OBJECTS: dict[str, dict[str, Any]] = {
     "DepositAccount": _DEPOSIT_ACCOUNT,
     "Destination": _DESTINATION,
     "WebhookEndpoint": _WEBHOOK_ENDPOINT,
+    "WebhookDelivery": _WEBHOOK_DELIVERY,
 }
 
 
@@ -427,6 +463,35 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "createdAt": "2026-11-18T09:30:00.000Z",
     "updatedAt": "2026-11-21T04:11:28.123Z",
 }
+
+_FAILING_ENDPOINT_EXAMPLE: dict[str, Any] = {
+    **_ENDPOINT_EXAMPLE,
+    "status": "enabled",
+    "disabledReason": None,
+    "updatedAt": "2026-11-18T09:30:00.000Z",
+}
+
+_DELIVERY_EXAMPLE: dict[str, Any] = {
+    "id": "whd_01JD3YC4N6P8R0T2V4X6Z8B0D2",
+    "endpointId": _ENDPOINT_EXAMPLE["id"],
+    "eventId": "evt_dep_dep_01JD3Y9X8M2K4Q7R5T6V8W0Z1A_credited",
+    "eventType": "deposit.credited",
+    "status": "failed",
+    "attemptCount": 10,
+    "nextAttemptAt": None,
+    "lastAttemptAt": "2026-11-23T05:02:41.310Z",
+    "lastResponseStatus": 503,
+    "lastError": "http_503",
+    "replayOf": None,
+    "createdAt": "2026-11-21T04:11:28.123Z",
+    "updatedAt": "2026-11-23T05:02:41.322Z",
+    "succeededAt": None,
+}
+
+_OPERATIONAL = (
+    "Sent to the tenant's other enabled endpoints subscribed to it, never to the "
+    "endpoint it is about: subscribe an operations endpoint to hear about the others."
+)
 
 
 # -- the catalog --------------------------------------------------------------------
@@ -674,6 +739,83 @@ ENTRIES: tuple[EventType, ...] = (
             }
         ),
         data_example={"webhookEndpoint": _ENDPOINT_EXAMPLE, "reason": "failing"},
+    ),
+    EventType(
+        type=events.WEBHOOK_ENDPOINT_FAILING,
+        summary="Attempts to one of the tenant's webhook endpoints have failed "
+        "`SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS` times in a row (5 by default).",
+        details="Sent once per run of failures: the next is sent only after "
+        "`webhook.endpoint_recovered`. Its deliveries keep being retried; if it fails for "
+        "days it is disabled (`webhook.endpoint_disabled`). " + _OPERATIONAL,
+        data_schema=_object(
+            {
+                "webhookEndpoint": _WEBHOOK_ENDPOINT,
+                **_FAILURE_RUN,
+                "lastAttempt": _object(
+                    {
+                        "deliveryId": {"type": "string"},
+                        "number": {"type": "integer", "description": "Its delivery's attempt."},
+                        "attemptedAt": _TIMESTAMP,
+                        "responseStatus": {
+                            "type": ["integer", "null"],
+                            "description": "Null when there was no HTTP answer.",
+                        },
+                        "error": {
+                            "type": "string",
+                            "description": "`http_503`, `timeout`, `connection_refused`, ...",
+                        },
+                    },
+                    description="The attempt that made the run long enough.",
+                ),
+            }
+        ),
+        data_example={
+            "webhookEndpoint": _FAILING_ENDPOINT_EXAMPLE,
+            "failingSince": "2026-11-21T04:06:58.005Z",
+            "failedAttempts": 5,
+            "lastAttempt": {
+                "deliveryId": "whd_01JD3YC4N6P8R0T2V4X6Z8B0D2",
+                "number": 2,
+                "attemptedAt": "2026-11-21T04:11:28.101Z",
+                "responseStatus": 503,
+                "error": "http_503",
+            },
+        },
+    ),
+    EventType(
+        type=events.WEBHOOK_ENDPOINT_RECOVERED,
+        summary="A webhook endpoint that `webhook.endpoint_failing` was sent about answered "
+        "2xx again.",
+        details="Ends the run of failures (once per run). " + _OPERATIONAL,
+        data_schema=_object(
+            {
+                "webhookEndpoint": _WEBHOOK_ENDPOINT,
+                **_FAILURE_RUN,
+                "recoveredAt": {**_TIMESTAMP, "description": "When it answered 2xx."},
+            }
+        ),
+        data_example={
+            "webhookEndpoint": _FAILING_ENDPOINT_EXAMPLE,
+            "failingSince": "2026-11-21T04:06:58.005Z",
+            "failedAttempts": 14,
+            "recoveredAt": "2026-11-21T04:41:02.550Z",
+        },
+    ),
+    EventType(
+        type=events.WEBHOOK_DELIVERY_EXHAUSTED,
+        summary="A delivery to one of the tenant's webhook endpoints gave up: every attempt "
+        "of the retry schedule failed (`status: failed`).",
+        details="One per delivery that gives up; `POST "
+        "/v1/webhook-deliveries/{deliveryId}/replay` (or `.../recover` on the endpoint) "
+        "sends it again. Not sent for deliveries of these operational events themselves "
+        "(two failing endpoints would tell each other forever). " + _OPERATIONAL,
+        data_schema=_object(
+            {"webhookEndpoint": _WEBHOOK_ENDPOINT, "webhookDelivery": _WEBHOOK_DELIVERY}
+        ),
+        data_example={
+            "webhookEndpoint": _FAILING_ENDPOINT_EXAMPLE,
+            "webhookDelivery": _DELIVERY_EXAMPLE,
+        },
     ),
 )
 

@@ -27,8 +27,13 @@ WEBHOOK_TEST = "webhook.test"
 API_KEY_REVOKED = "tenant.api_key_revoked"
 INVENTORY_LOW_BALANCE = "inventory.low_balance"
 ROUTE_PROVIDER_DEGRADED = "route.provider_degraded"
-#: Extension type (DESIGN.md): the notifier emits it when it disables an endpoint.
+#: Extension types (DESIGN.md), operational events the notifier emits about a tenant's
+#: own endpoints: disabled, failing (a run of failed attempts), recovered (it answered
+#: again), and a delivery that gave up.
 WEBHOOK_ENDPOINT_DISABLED = "webhook.endpoint_disabled"
+WEBHOOK_ENDPOINT_FAILING = "webhook.endpoint_failing"
+WEBHOOK_ENDPOINT_RECOVERED = "webhook.endpoint_recovered"
+WEBHOOK_DELIVERY_EXHAUSTED = "webhook.delivery_exhausted"
 
 #: Every event type of the interface, in its order.
 EVENT_TYPES: tuple[str, ...] = (
@@ -45,9 +50,19 @@ EVENT_TYPES: tuple[str, ...] = (
     INVENTORY_LOW_BALANCE,
     ROUTE_PROVIDER_DEGRADED,
     WEBHOOK_ENDPOINT_DISABLED,
+    WEBHOOK_ENDPOINT_FAILING,
+    WEBHOOK_ENDPOINT_RECOVERED,
+    WEBHOOK_DELIVERY_EXHAUSTED,
+)
+#: The notifier's operational events: about one endpoint, never sent to it.
+OPERATIONAL_EVENT_TYPES: tuple[str, ...] = (
+    WEBHOOK_ENDPOINT_DISABLED,
+    WEBHOOK_ENDPOINT_FAILING,
+    WEBHOOK_ENDPOINT_RECOVERED,
+    WEBHOOK_DELIVERY_EXHAUSTED,
 )
 #: Types the notifier makes itself (never in core's outbox).
-NOTIFIER_EVENT_TYPES: tuple[str, ...] = (WEBHOOK_TEST, WEBHOOK_ENDPOINT_DISABLED)
+NOTIFIER_EVENT_TYPES: tuple[str, ...] = (WEBHOOK_TEST, *OPERATIONAL_EVENT_TYPES)
 
 #: Deposit statuses whose event is emitted at most once per deposit.
 DURABLE_DEPOSIT_STATUSES: tuple[str, ...] = (

@@ -23,21 +23,36 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import dramatiq
+from sqlalchemy.orm import Session
 
-from services.notifier import disabled_endpoints
+from services.notifier import operational_events
 from services.notifier.breaker import CircuitBreakers
 from services.notifier.broker import DeliveryQueues
 from services.notifier.config import NotifierConfig
-from services.notifier.delivery_store import DISABLED_FAILING, Claim, Connection, DeliveryStore
+from services.notifier.delivery_store import (
+    DISABLED_FAILING,
+    Claim,
+    Connection,
+    DeliveryStore,
+    Recorded,
+)
 from services.notifier.fanout import ENDPOINT_DISABLED
 from services.notifier.limiter import EndpointLimiter, EndpointRates, Waiting, WaitingRoom
 from services.notifier.metrics import NotifierMetrics
-from services.notifier.models import ENABLED, FAILED, RETRYING, SKIPPED, SUCCEEDED, Endpoint
+from services.notifier.models import (
+    ENABLED,
+    FAILED,
+    RETRYING,
+    SKIPPED,
+    SUCCEEDED,
+    Delivery,
+    Endpoint,
+)
 from services.notifier.retry_policy import DeliveryTuning, retry_delay, saturated_delay
 from services.notifier.secret_cache import SecretCache
 from services.notifier.secrets import SecretDecryptError
@@ -508,18 +523,65 @@ class Deliverer:
             self.metrics.attempts.labels(_outcome_label(result)).inc()
         return self._record(conn, claim, result, attempted_at, headers[signing.SIGNATURE_HEADER])
 
-    def _tell_disabled(self, endpoint_id: str, now: datetime) -> None:
-        """The tenant's other endpoints hear that this one was disabled (rare: own trips)."""
-        self.metrics.endpoints_disabled.labels(DISABLED_FAILING).inc()
+    def _tell(
+        self, endpoint_id: str, what: str, build: Callable[[Session, Endpoint], list[str]]
+    ) -> None:
+        """An operational event about the endpoint to the tenant's other endpoints (rare:
+        transitions and deliveries that give up), in a transaction of its own after the
+        attempt's record."""
         try:
             with self.store.db.transaction() as session:
-                endpoint = session.get_one(Endpoint, endpoint_id)
-                to_send = disabled_endpoints.notice(session, endpoint, now)
+                to_send = build(session, session.get_one(Endpoint, endpoint_id))
             for delivery_id in to_send:
                 self.dispatch.schedule(delivery_id, 0.0)
         except Exception:
-            # The endpoint is disabled all the same; only the notice is lost.
-            log.exception("could not tell the tenant that endpoint %s was disabled", endpoint_id)
+            # What it tells of happened all the same (recorded); only the notice is lost.
+            log.exception("could not tell the tenant that endpoint %s %s", endpoint_id, what)
+
+    def _tell_transitions(
+        self, claim: Claim, recorded: Recorded, result: SendResult, attempted_at: datetime
+    ) -> None:
+        """The endpoint's failing, disabled and recovered events this attempt caused."""
+        now = utcnow()
+        failing = recorded.failing
+        if failing is not None:
+            seen = operational_events.AttemptSeen(
+                claim.delivery_id,
+                claim.attempt_number,
+                attempted_at,
+                result.status,
+                (result.error or "error")[:MAX_ERROR_CHARS],
+            )
+            self._tell(
+                claim.endpoint_id,
+                "is failing",
+                lambda s, e: operational_events.endpoint_failing(s, e, failing, seen, now),
+            )
+        if recorded.disabled:
+            self.metrics.endpoints_disabled.labels(DISABLED_FAILING).inc()
+            self._tell(
+                claim.endpoint_id,
+                "was disabled",
+                lambda s, e: operational_events.endpoint_disabled(s, e, now),
+            )
+        recovered = recorded.recovered
+        if recovered is not None:
+            self._tell(
+                claim.endpoint_id,
+                "recovered",
+                lambda s, e: operational_events.endpoint_recovered(s, e, recovered, now),
+            )
+
+    def _tell_exhausted(self, claim: Claim) -> None:
+        """The delivery gave up: the tenant's other endpoints hear of it."""
+        now = utcnow()
+        self._tell(
+            claim.endpoint_id,
+            f"gave up delivery {claim.delivery_id}",
+            lambda s, _: operational_events.delivery_exhausted(
+                s, s.get_one(Delivery, claim.delivery_id), now
+            ),
+        )
 
     def _record(
         self,
@@ -571,6 +633,7 @@ class Deliverer:
             endpoint_id=claim.endpoint_id,
             now=now,
             disable_cutoff=now - timedelta(seconds=config.disable_after_s),
+            failing_after=config.failing_after_attempts,
         )
         if recorded.disabled:
             log.warning(
@@ -578,7 +641,8 @@ class Deliverer:
                 claim.endpoint_id,
                 config.disable_after_s,
             )
-            self._tell_disabled(claim.endpoint_id, now)
+        if recorded.failing or recorded.disabled or recorded.recovered:
+            self._tell_transitions(claim, recorded, result, attempted_at)
         _log_attempt(claim, result, values["status"] if recorded.updated else LEASE_LOST, delay)
         if not recorded.updated:
             # Our lease lapsed and another worker took the delivery over: its record
@@ -606,6 +670,7 @@ class Deliverer:
                 claim.delivery_id,
                 claim.attempt_number,
             )
+            self._tell_exhausted(claim)
             return FAILED
         try:
             self.dispatch.schedule(claim.delivery_id, delay)

@@ -48,6 +48,9 @@ class NotifierConfig:
     allow_private: bool = False
     #: An endpoint whose attempts all failed for this long is disabled.
     disable_after_s: float = 3 * 86400.0
+    #: Attempts to an endpoint failing in a row before the tenant is sent
+    #: `webhook.endpoint_failing` (once per run).
+    failing_after_attempts: int = 5
     #: Concurrent attempts to one endpoint per worker process.
     per_endpoint_concurrency: int = 4
     #: Most of a worker's threads one tenant's attempts may hold at once (a fraction).
@@ -121,6 +124,7 @@ class NotifierConfig:
             webhook_timeout_s=_timeout(env),
             allow_private=allow_private,
             disable_after_s=env_float(env, "SETTLE_WEBHOOK_DISABLE_AFTER_S", 3 * 86400.0),
+            failing_after_attempts=_count(env, "SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS", 5),
             per_endpoint_concurrency=env_int(env, "SETTLE_WEBHOOK_ENDPOINT_CONCURRENCY", 4),
             tenant_share=_share(env, "SETTLE_WEBHOOK_TENANT_SHARE", 0.5),
             breaker_threshold=_count(env, "SETTLE_WEBHOOK_BREAKER_FAILURES", 5),

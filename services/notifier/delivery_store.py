@@ -78,6 +78,14 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class FailureRun:
+    """An endpoint's run of failed attempts, as it stood when it changed."""
+
+    failing_since: datetime
+    failed_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class Recorded:
     """What recording an attempt changed."""
 
@@ -85,6 +93,10 @@ class Recorded:
     updated: bool
     #: The endpoint was disabled by this failure (its streak grew too long).
     disabled: bool = False
+    #: This failure made the endpoint's run long enough to tell the tenant (once a run).
+    failing: FailureRun | None = None
+    #: This success ended a run the tenant was told about.
+    recovered: FailureRun | None = None
 
 
 def _claim_statement() -> sa.Update:
@@ -204,18 +216,44 @@ _MARK_LOST = (
     )
     .values(error=sa.bindparam("lost_error"))
 )
-#: The endpoint's failure streak: cleared by a success, started by a failure, and the
-#: endpoint disabled once it has lasted until `cutoff`. Conditional, so the common
-#: case (no change) locks nothing.
+#: The endpoint's failure streak: cleared by a success, started (and counted) by a
+#: failure, and the endpoint disabled once it has lasted until `cutoff`. A success
+#: while nothing is failing never runs these (see Deliverer._record).
 _STREAK_CLEAR = (
     sa.update(Endpoint)
-    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_not(None))
-    .values(failing_since=None)
+    .where(
+        Endpoint.id == sa.bindparam("endpoint_id"),
+        sa.or_(Endpoint.failing_since.is_not(None), Endpoint.failed_attempts > 0),
+    )
+    .values(failing_since=None, failed_attempts=0)
 )
-_STREAK_START = (
+#: The run the tenant was told about ends: the values before the clear (RETURNING
+#: reads the row as this statement leaves it, and it leaves these two alone).
+_STREAK_RECOVERED = (
     sa.update(Endpoint)
-    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_since.is_(None))
-    .values(failing_since=sa.bindparam("now"))
+    .where(Endpoint.id == sa.bindparam("endpoint_id"), Endpoint.failing_notified_at.is_not(None))
+    .values(failing_notified_at=None)
+    .returning(Endpoint.failing_since, Endpoint.failed_attempts)
+)
+_STREAK_FAIL = (
+    sa.update(Endpoint)
+    .where(Endpoint.id == sa.bindparam("endpoint_id"))
+    .values(
+        failing_since=sa.func.coalesce(Endpoint.failing_since, sa.bindparam("now")),
+        failed_attempts=Endpoint.failed_attempts + 1,
+    )
+)
+#: The run is long enough, and the tenant not yet told: it is, once (the row's lock
+#: orders concurrent failures; exactly one of them sets the mark).
+_STREAK_FAILING = (
+    sa.update(Endpoint)
+    .where(
+        Endpoint.id == sa.bindparam("endpoint_id"),
+        Endpoint.failing_notified_at.is_(None),
+        Endpoint.failed_attempts >= sa.bindparam("failing_after"),
+    )
+    .values(failing_notified_at=sa.bindparam("now"))
+    .returning(Endpoint.failing_since, Endpoint.failed_attempts)
 )
 _STREAK_DISABLE = (
     sa.update(Endpoint)
@@ -253,7 +291,9 @@ class DeliveryStore:
         self._stop = db.driver_statement(_STOP)
         self._mark_lost = db.driver_statement(_MARK_LOST)
         self._streak_clear = db.driver_statement(_STREAK_CLEAR)
-        self._streak_start = db.driver_statement(_STREAK_START)
+        self._streak_recovered = db.driver_statement(_STREAK_RECOVERED)
+        self._streak_fail = db.driver_statement(_STREAK_FAIL)
+        self._streak_failing = db.driver_statement(_STREAK_FAILING)
         self._streak_disable = db.driver_statement(_STREAK_DISABLE)
         self._keep_due = db.driver_statement(_KEEP_DUE)
 
@@ -301,24 +341,34 @@ class DeliveryStore:
         endpoint_id: str,
         now: datetime,
         disable_cutoff: datetime,
+        failing_after: int,
     ) -> Recorded:
         """The attempt and the delivery's new state (`values`: the record statement's binds).
 
         With `streak`, the endpoint's failure streak too, in the same transaction: a
-        success (`ok`) ends it; a failure starts it, and disables the endpoint when it
+        success (`ok`) ends it (`recovered` when the tenant had been told it was
+        failing); a failure starts or extends it, says `failing` when it has just
+        reached `failing_after` attempts untold, and disables the endpoint when it
         began at or before `disable_cutoff`.
         """
         if not streak:
             return Recorded(_run(conn, self._record, values).rowcount > 0)
-        binds = {"endpoint_id": endpoint_id, "now": now, "cutoff": disable_cutoff}
+        binds = {
+            "endpoint_id": endpoint_id,
+            "now": now,
+            "cutoff": disable_cutoff,
+            "failing_after": failing_after,
+        }
         with conn.transaction():
             updated = _run(conn, self._record, values).rowcount > 0
             if ok:
+                recovered = _run(conn, self._streak_recovered, binds).fetchone()
                 _run(conn, self._streak_clear, binds)
-                return Recorded(updated)
-            _run(conn, self._streak_start, binds)
+                return Recorded(updated, recovered=_run_of(recovered))
+            _run(conn, self._streak_fail, binds)
+            failing = _run(conn, self._streak_failing, binds).fetchone()
             disabled = _run(conn, self._streak_disable, binds).rowcount > 0
-        return Recorded(updated, disabled)
+        return Recorded(updated, disabled, failing=_run_of(failing))
 
     def put_back(self, conn: Connection, claim: Claim, next_attempt_at: datetime) -> None:
         """Let go of the lease; the delivery is due again at `next_attempt_at`."""
@@ -373,6 +423,10 @@ class DeliveryStore:
                 "stale_before": now if stale_before is None else min(stale_before, now),
             }
             return int(_run(conn, self._keep_due, params).rowcount)
+
+
+def _run_of(row: Any) -> FailureRun | None:
+    return None if row is None else FailureRun(row[0], row[1])
 
 
 def _run(conn: Connection, statement: DriverStatement, values: Mapping[str, Any]) -> Any:

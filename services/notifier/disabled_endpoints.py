@@ -6,7 +6,7 @@
 - **Disabling** it, by PATCH (`manual`) or because every attempt failed for days
   (`failing`), sends `webhook.endpoint_disabled` `{webhookEndpoint, reason}` to the
   tenant's other endpoints subscribed to that type, never to the disabled one
-  (`notice`).
+  (`notice`; operational_events.py).
 
 `status_changed` is the one entry for every path that changes an endpoint's status
 (the API's PATCH, the CLI, the worker); it returns the deliveries to hand to the
@@ -20,11 +20,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from services.notifier import deliveries, fanout
-from services.notifier.api.schemas import EndpointSchema, endpoint_out
+from services.notifier import operational_events
 from services.notifier.models import DISABLED, ENABLED, PENDING, SKIPPED, Delivery, Endpoint
-from shared import events
-from shared.event_catalog import WEBHOOK_ENDPOINT_DISABLED
 
 #: Most skipped deliveries handed to the workers at once when an endpoint is enabled
 #: again; the rest are due too, and the sweeper sends them.
@@ -56,21 +53,4 @@ def resume(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
 
 def notice(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
     """`webhook.endpoint_disabled` for the tenant's other subscribed, enabled endpoints."""
-    served = EndpointSchema().dump(endpoint_out(endpoint, now))
-    data = {"webhookEndpoint": served, "reason": endpoint.disabled_reason}
-    envelope = events.envelope(WEBHOOK_ENDPOINT_DISABLED, endpoint.tenant_id, data, created_at=now)
-    event = deliveries.store_event(session, events.encode(envelope), now=now)
-    assert event is not None  # a fresh id cannot collide
-    others = session.scalars(
-        sa.select(Endpoint).where(
-            Endpoint.tenant_id == endpoint.tenant_id,
-            Endpoint.id != endpoint.id,
-            *fanout.RECEIVING,
-        )
-    )
-    rows = [
-        fanout.pending(endpoint.tenant_id, event.id, event.event_type, other.id, now)
-        for other in others
-        if fanout.subscribes(other.event_types, WEBHOOK_ENDPOINT_DISABLED)
-    ]
-    return [d.id for d in fanout.create_deliveries(session, rows)]
+    return operational_events.endpoint_disabled(session, endpoint, now)

@@ -63,6 +63,11 @@ class Endpoint(NotifierBase):
     previous_secret_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: Start of the current run of failed attempts (None after a success).
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: Attempts that failed in a row (0 after a success).
+    failed_attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    #: When `webhook.endpoint_failing` was sent about the current run (None: not sent;
+    #: cleared, with `webhook.endpoint_recovered`, by the next success).
+    failing_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: The endpoint's own cap on attempts per second (per worker process); None: none.
     rate_limit_per_second: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -158,6 +158,8 @@ def create_endpoint(
         previous_secret_encrypted=None,
         previous_secret_expires_at=None,
         failing_since=None,
+        failed_attempts=0,
+        failing_notified_at=None,
         rate_limit_per_second=checked_rate_limit(rate_limit_per_second),
         created_at=now,
         updated_at=now,
@@ -236,11 +238,15 @@ def audited(endpoint: Endpoint) -> dict[str, object]:
 
 
 def set_status(endpoint: Endpoint, status: str, *, reason: str = DISABLED_MANUAL) -> None:
-    """Enable or disable. Enabling forgets the failure streak that may have disabled it."""
+    """Enable or disable. Enabling a disabled endpoint forgets the failure streak that may
+    have disabled it (and that the tenant was told of: a new run is told anew)."""
     if status == ENABLED:
+        if endpoint.status != ENABLED:
+            endpoint.failing_since = None
+            endpoint.failed_attempts = 0
+            endpoint.failing_notified_at = None
         endpoint.status = ENABLED
         endpoint.disabled_reason = None
-        endpoint.failing_since = None
     elif status == DISABLED:
         if endpoint.status != DISABLED:
             endpoint.disabled_reason = reason
