@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
+
 from services.notifier import http_wire
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -368,38 +370,38 @@ class _Origin:
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection whose socket we open ourselves (http.client
-    connects it and wraps it in TLS; http_wire speaks HTTP on it)."""
+    """One keep-alive HTTP/1.1 connection on a socket we open (`_open_socket`) and, for
+    https, wrap in TLS ourselves (SNI, certificate and host name checked against the
+    URL's host); http_wire speaks HTTP on it."""
 
-    __slots__ = ("attempt", "host", "http")
+    __slots__ = ("host", "origin", "policy", "sock", "tls")
 
     def __init__(self, origin: _Origin, policy: _ConnectPolicy, tls: ssl.SSLContext) -> None:
-        #: The attempt using the connection (set by each attempt).
-        self.attempt: _Attempt | None = None
+        self.origin = origin
+        self.policy = policy
+        self.tls = tls
+        self.sock: socket.socket | None = None
         #: The Host header of its requests.
         self.host = http_wire.host_header(origin.host, origin.port, origin.https)
 
-        def create(address: tuple[str, int], timeout: Any, source: Any = None) -> socket.socket:
-            attempt = self.attempt
-            assert attempt is not None, "a connection opens only within an attempt"
-            sock = _open_socket(policy, origin.host, origin.port, attempt.deadline)
-            # Watched from here, so the deadline bounds the TLS handshake too.
-            attempt.watch(self, sock)
-            return sock
-
-        conn: http.client.HTTPConnection
+    def connect(self, attempt: _Attempt) -> socket.socket:
+        """Open (and for https, wrap in TLS) the connection, within the attempt's deadline."""
+        origin = self.origin
+        sock = _open_socket(self.policy, origin.host, origin.port, attempt.deadline)
+        # Watched from here, so the deadline bounds the TLS handshake too.
+        attempt.watch(self, sock)
         if origin.https:
-            conn = http.client.HTTPSConnection(origin.host, origin.port, context=tls)
-        else:
-            conn = http.client.HTTPConnection(origin.host, origin.port)
-        # http.client opens its socket through this hook; TLS (SNI, certificate and
-        # host name checks against the URL's host) wraps what it returns.
-        conn._create_connection = create  # type: ignore[attr-defined]
-        self.http = conn
+            try:
+                sock = self.tls.wrap_socket(sock, server_hostname=origin.host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
+        return sock
 
     def reusable(self) -> bool:
         """Still open and silent: a receiver that closed an idle connection made it readable."""
-        sock = self.http.sock
+        sock = self.sock
         if sock is None:
             return False
         try:
@@ -409,8 +411,10 @@ class _Connection:
         return not readable
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.http.close()
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class _Pool:
@@ -571,10 +575,9 @@ class Sender:
     the connect, the TLS handshake, sending and reading the answer together: the
     lookup is waited for only until then (Resolver) and the watchdog cuts the
     connection at the deadline, so no receiver can hold a worker thread longer.
-    The transport is sockets we open, connected (and wrapped in TLS) by the standard
-    library's http.client, with the request and answer written and read by
-    http_wire (a fraction of the CPU per request of urllib3 or requests; no
-    cookies, no proxy settings from the environment, no redirects, no retries).
+    The transport is sockets we open and wrap in TLS, with the request and answer
+    written and read by h11 (http_wire): no cookies, no proxy settings from the
+    environment, no redirects, no retries.
     `allow_private` (dev) turns the SSRF guard off and admits http://; otherwise
     only https:// to public addresses, checked on the address connected to.
     """
@@ -617,14 +620,12 @@ class Sender:
         conn = self._pool.take(origin)
         if conn is None:
             conn = _Connection(origin, self._policy, self._tls)
-        conn.attempt = attempt
         keep = False
         try:
             result, keep = self._exchange(attempt, conn, target, body, request_headers, started)
             return result
         finally:
             attempt.end()
-            conn.attempt = None
             if keep:
                 self._pool.give(origin, conn)
             else:
@@ -640,18 +641,15 @@ class Sender:
         started: float,
     ) -> tuple[SendResult, bool]:
         """(what the attempt came to, whether the connection may be used again)."""
-        http_conn = conn.http
         try:
-            request = http_wire.request_head(conn.host, target, headers, len(body)) + body
-            if http_conn.sock is None:
-                http_conn.connect()
-            sock = http_conn.sock
+            request = http_wire.post(conn.host, target, headers, body)
+            sock = conn.sock if conn.sock is not None else conn.connect(attempt)
             # The watchdog bounds the exchange (a kept connection is watched from
             # here, a new one since it connected); the socket timeout is a backstop.
             attempt.watch(conn, sock)
             sock.settimeout(max(attempt.remaining(), 0.001))
             answer = http_wire.exchange(sock, request, RESPONSE_PREFIX_BYTES)
-        except (OSError, http.client.HTTPException, ValueError) as err:
+        except (OSError, http.client.HTTPException, h11.ProtocolError, ValueError) as err:
             return SendResult(None, _ms_since(started), _classify(err, attempt)), False
         latency = _ms_since(started)
         status = answer.status
