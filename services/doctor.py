@@ -9,7 +9,9 @@ as its own user). Checks, in order:
   its migrations' head;
 - broker: RabbitMQ answers as the URL's user, which is not `guest` in production; the
   events exchange is there, and for the notifier's user its queues (events, dead
-  letters, delivery jobs); the user the notifier trusts is core's, not `guest`;
+  letters, delivery jobs), each a quorum queue (a classic one from an older deployment
+  fails: `settle notifier upgrade-queues`), with the dead letters waiting named; the
+  user the notifier trusts is core's, not `guest`;
 - lease: a delivery's lease outlasts an attempt's deadline;
 - secret key: SETTLE_SECRET_KEY is 32 random bytes or more (the dev default only in dev);
 - chain N: each configured node answers with chain id N (and active chains without one);
@@ -112,7 +114,9 @@ def check_broker(settings: Settings) -> Result:
     import pika
     import pika.exceptions
 
+    from services.notifier import queue_admin
     from services.notifier.broker import DeliveryQueues
+    from shared import topology
     from shared.bus import BusNames
 
     url = settings.core.amqp_url
@@ -134,42 +138,53 @@ def check_broker(settings: Settings) -> Result:
         return Result("broker", FAIL, "connects as guest in production (one user per service)")
     names = BusNames.from_env(settings.env)
     notifier_side = user != trusted
-    queues = (
-        [
-            names.notifier_queue,
-            names.notifier_dead_queue,
-            names.queue(DeliveryQueues.QUEUE),
-            names.queue(DeliveryQueues.RETRY_QUEUE),
-        ]
-        if notifier_side
-        else []
-    )
     try:
         connection = pika.BlockingConnection(params)
     except Exception as err:
         return Result("broker", FAIL, f"{_public(url)} refuses {user}: {_reason(err, url)}")
-    missing = []
+    missing, classic, dead = [], [], []
     try:
         channel = connection.channel()
-        for kind, name in [("exchange", names.exchange), *(("queue", q) for q in queues)]:
-            try:
-                if kind == "exchange":
-                    channel.exchange_declare(name, passive=True)
-                else:
-                    channel.queue_declare(name, passive=True)
-            except pika.exceptions.ChannelClosedByBroker as err:
-                missing.append(f"{kind} {name} ({err.reply_code})")
-                channel = connection.channel()
+        try:
+            channel.exchange_declare(names.exchange, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as err:
+            missing.append(f"exchange {names.exchange} ({err.reply_code})")
+        # The notifier's queues: those its processes consume (the delay queues are
+        # declared by its workers on their first delayed job).
+        consumed = {
+            names.notifier_queue,
+            names.notifier_dead_queue,
+            *(names.queue(q) for q in (DeliveryQueues.QUEUE, DeliveryQueues.RETRY_QUEUE)),
+        }
+        dead_letters = {names.notifier_dead_queue} | {
+            topology.dead_job_queue(names.queue(q)) for q in topology.JOB_QUEUES
+        }
+        for state in queue_admin.survey(connection, names.prefix) if notifier_side else []:
+            if state.messages is None:
+                if state.name in consumed:
+                    missing.append(f"queue {state.name} (404)")
+            elif not state.current:
+                classic.append(state.name)
+            elif state.name in dead_letters and state.messages:
+                dead.append(f"{state.name} {state.messages}")
     finally:
         if connection.is_open:
             connection.close()
     if missing:
         return Result("broker", FAIL, f"as {user}: missing {', '.join(missing)}")
+    if classic:
+        return Result(
+            "broker",
+            FAIL,
+            f"not quorum queues (an older deployment's): {', '.join(classic)}; "
+            "run settle notifier upgrade-queues (docs/DEPLOY.md)",
+        )
     if notifier_side and production and trusted in ("", "guest"):
         return Result("broker", FAIL, "SETTLE_CORE_AMQP_USER must be core's user, not guest")
     role = "notifier (trusts events from " + trusted + ")" if notifier_side else "core's relay"
-    seen = "the exchange" + (" and the notifier's queues" if queues else "")
-    return Result("broker", OK, f"{_public(url)} as {user}, {role}: {seen} present")
+    seen = "the exchange" + (" and the notifier's quorum queues" if notifier_side else "")
+    letters = f"; dead letters waiting: {', '.join(dead)}" if dead else ""
+    return Result("broker", OK, f"{_public(url)} as {user}, {role}: {seen} present{letters}")
 
 
 # --- lease, secret key ----------------------------------------------------------------

@@ -28,14 +28,14 @@ from pika.channel import Channel
 
 from shared import logs
 from shared.settings import env_str, environ
+from shared.topology import (
+    DEAD_LETTER_EXCHANGE,
+    EVENTS_EXCHANGE,
+    NOTIFIER_DEAD_QUEUE,
+    NOTIFIER_QUEUE,
+)
 
 log = logging.getLogger(__name__)
-
-#: Names before any prefix.
-EVENTS_EXCHANGE = "settle.events"
-DEAD_LETTER_EXCHANGE = "settle.events.dlx"
-NOTIFIER_QUEUE = "settle.notifier.events"
-NOTIFIER_DEAD_QUEUE = "settle.notifier.events.dead"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""RabbitMQ definitions for Settle: one user per service, each with least privilege.
+"""RabbitMQ definitions for Settle: its users and its quorum queues.
+
+One user per service, each with least privilege:
 
     settle-core      declares and publishes to `settle.events`; reads nothing
     settle-notifier  declares, binds and consumes its own queues, dead-letters to
@@ -19,7 +21,14 @@ URL-safe characters, e.g. `python -c "import secrets; print(secrets.token_urlsaf
     SETTLE_AMQP_CORE_USER (settle-core), SETTLE_AMQP_NOTIFIER_USER (settle-notifier),
     SETTLE_AMQP_VHOST (/), SETTLE_AMQP_PREFIX (empty: the services' own prefix)
 
-Standard library only: it runs in a plain python image.
+The exchanges, queues and bindings are Settle's topology (shared/topology.py): quorum
+queues with a delivery limit and dead-letter queues, so a cluster replicates them from
+its first boot. The services declare the same. A deployment whose queues are classic
+ones (from before) runs `settle notifier upgrade-queues` before its broker loads this
+file (docs/DEPLOY.md): RabbitMQ refuses a queue declared again with another type.
+
+Standard library only: it runs in a plain python image, with shared/topology.py
+mounted next to it (compose) or found in the checkout it belongs to.
 """
 
 from __future__ import annotations
@@ -36,8 +45,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).parent)]
+try:
+    from shared import topology
+except ImportError:  # compose: topology.py mounted next to this file
+    import topology  # type: ignore[no-redef]
+
 #: Queues of the notifier's delivery jobs (Dramatiq adds `.DQ` and `.XQ` to each).
-JOB_QUEUES = "webhooks"
+JOB_QUEUES = topology.JOB_QUEUE
 
 
 def password_hash(password: str, salt: bytes | None = None) -> str:
@@ -85,7 +100,8 @@ def definitions(env: Mapping[str, str]) -> dict[str, Any]:
             _required(env, "SETTLE_AMQP_NOTIFIER_PASSWORD"),
         ),
     }
-    patterns = permissions(env.get("SETTLE_AMQP_PREFIX", ""))
+    prefix = env.get("SETTLE_AMQP_PREFIX", "")
+    patterns = permissions(prefix)
     return {
         "users": [
             {
@@ -101,6 +117,48 @@ def definitions(env: Mapping[str, str]) -> dict[str, Any]:
         "permissions": [
             {"user": name, "vhost": vhost, **patterns[role]}
             for role, (name, _password) in roles.items()
+        ],
+        **topology_definitions(prefix, vhost),
+    }
+
+
+def topology_definitions(prefix: str, vhost: str) -> dict[str, list[dict[str, Any]]]:
+    """Settle's exchanges, quorum queues and bindings, as definitions."""
+    queues = topology.queues(prefix)
+    return {
+        "exchanges": [
+            {
+                "name": name,
+                "vhost": vhost,
+                "type": kind,
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+            for name, kind in topology.exchanges(prefix)
+        ],
+        "queues": [
+            {
+                "name": queue.name,
+                "vhost": vhost,
+                "durable": True,
+                "auto_delete": False,
+                "arguments": queue.arguments,
+            }
+            for queue in queues
+        ],
+        "bindings": [
+            {
+                "source": exchange,
+                "vhost": vhost,
+                "destination": queue.name,
+                "destination_type": "queue",
+                "routing_key": routing_key,
+                "arguments": {},
+            }
+            for queue in queues
+            for exchange, routing_key in queue.bindings
         ],
     }
 

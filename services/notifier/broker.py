@@ -25,9 +25,11 @@ import pika
 import pika.exceptions
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, Retries, TimeLimit
 
+from shared import topology
 from shared.bus import BusNames
 
 #: An actor running longer than this is interrupted (it never should: HTTP has timeouts).
@@ -71,6 +73,18 @@ class _Broker(RabbitmqBroker):  # type: ignore[misc]
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
         return _AckingConsumer
+
+    # Quorum queues with a delivery limit (shared/topology.py) instead of Dramatiq's
+    # classic ones; the same dead-letter routing to `.XQ`.
+    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        return topology.job_queue_arguments(queue_name)
+
+    def _declare_xq_queue(self, queue_name: str) -> Any:
+        return self.channel.queue_declare(
+            queue=xq_name(queue_name),
+            durable=True,
+            arguments=topology.dead_job_queue_arguments(),
+        )
 
     def enqueue_all(self, messages: list[dramatiq.Message]) -> None:
         """Publish `messages` (due now), with one wait for the socket for them all.
@@ -135,8 +149,8 @@ class DeliveryQueues:
     actor_name = "deliver"
     retry_actor_name = "deliver_retry"
     group_actor_name = "deliver_group"
-    QUEUE = "webhooks"
-    RETRY_QUEUE = "webhooks.retry"
+    QUEUE = topology.JOB_QUEUE
+    RETRY_QUEUE = topology.RETRY_JOB_QUEUE
 
     def __init__(self, broker: dramatiq.Broker, names: BusNames) -> None:
         self.broker = broker

@@ -1,4 +1,4 @@
-"""The notifier's processes: `settle notifier api|consume|worker`."""
+"""The notifier's processes: `settle notifier api|consume|worker`, and `upgrade-queues`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,29 @@ def notifier_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def notifier_upgrade_queues(args: argparse.Namespace) -> int:
+    """Replace the queues of an older deployment by quorum queues (docs/DEPLOY.md)."""
+    import pika
+
+    from services.notifier import queue_admin
+    from shared.bus import BusNames
+
+    config = _engine_config()
+    connection = pika.BlockingConnection(pika.URLParameters(config.amqp_url or ""))
+    try:
+        replaced = queue_admin.upgrade(
+            connection, BusNames.from_env().prefix, say=lambda line: print(line, flush=True)
+        )
+    except queue_admin.UpgradeRefused as err:
+        print(f"nothing changed: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if connection.is_open:
+            connection.close()
+    print(f"{len(replaced)} queues replaced; every queue is a quorum queue")
+    return 0
+
+
 def _supervise_workers(processes: int, threads: int | None) -> int:
     """N single-process workers; metrics ports SETTLE_METRICS_PORT + i. Any exit stops all."""
     stop = _stop_on_signals()
@@ -159,3 +182,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="threads per process (SETTLE_NOTIFIER_WORKER_THREADS)",
     )
     p.set_defaults(func=notifier_worker)
+
+    p = notifier.add_parser(
+        "upgrade-queues",
+        help="replace classic queues of an older deployment by quorum queues "
+        "(notifier and core's relay stopped; docs/DEPLOY.md)",
+    )
+    p.set_defaults(func=notifier_upgrade_queues)

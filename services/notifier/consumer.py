@@ -8,8 +8,10 @@ new; deliveries whose jobs were never enqueued are found by the sweeper.
 
 A malformed message is rejected without requeue, so RabbitMQ dead-letters it to
 `settle.events.dlx` -> `settle.notifier.events.dead` (kept for inspection), with
-one log line. A database outage requeues the message and backs off: no crash loop,
-no loss.
+one log line. A database outage keeps the batch in hand and tries again with
+backoff (no crash loop, no loss, and no hand-out counted toward the quorum queue's
+delivery limit); a message handed out EVENT_DELIVERY_LIMIT times without an ack (a
+consumer that dies on it each time) is dead-lettered like a malformed one.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import sqlalchemy as sa
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.spec import Basic
 
-from services.notifier import fanout, trust
+from services.notifier import fanout, queue_admin, trust
 from services.notifier.context import NotifierContext
 from services.notifier.deliveries import InvalidEvent, event_row, insert_events, parse_envelope
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
-from shared import logs
+from shared import logs, topology
 from shared.backoff import Backoff
 from shared.bus import BusNames, declare_events_exchange
 from shared.db import Database
@@ -189,17 +191,15 @@ def inprocess_handler(
 
 
 def declare_topology(channel: BlockingChannel, names: BusNames) -> None:
-    """Exchange, dead-letter exchange and queue, the notifier's queue bound to every type."""
+    """Exchanges, the notifier's quorum queue bound to every type, its dead-letter queue.
+
+    A queue of the same name declared before as a classic queue makes RabbitMQ close
+    the channel (406 PRECONDITION_FAILED): `settle notifier upgrade-queues` moves it.
+    """
     declare_events_exchange(channel, names)
     channel.exchange_declare(names.dead_letter_exchange, exchange_type="fanout", durable=True)
-    channel.queue_declare(names.notifier_dead_queue, durable=True)
-    channel.queue_bind(names.notifier_dead_queue, names.dead_letter_exchange)
-    channel.queue_declare(
-        names.notifier_queue,
-        durable=True,
-        arguments={"x-dead-letter-exchange": names.dead_letter_exchange},
-    )
-    channel.queue_bind(names.notifier_queue, names.exchange, routing_key="#")
+    for queue in topology.event_queues(names.prefix):
+        queue_admin.declare(channel, queue)
 
 
 class EventConsumer:
@@ -220,9 +220,12 @@ class EventConsumer:
             "connection_name": f"settle notifier consumer {names.prefix}".strip()
         }
         self.db_backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
+        #: Set once `run` is told to stop: a batch the database refuses is requeued then.
+        self.stopping = threading.Event()
 
     def run(self, stop: threading.Event, *, ready: threading.Event | None = None) -> None:
         """Consume until `stop`; reconnects to RabbitMQ with capped backoff."""
+        self.stopping = stop
         names = self.names
         backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         max_batch = max(1, min(self.prefetch, MAX_BATCH))
@@ -268,29 +271,39 @@ class EventConsumer:
     ) -> None:
         """Store a batch, hand off its deliveries, then settle every message of it."""
         ctx = self.ctx
-        try:
-            results = store_events(
-                ctx.db,
-                [body for _, body, _ in batch],
-                self.metrics,
-                request_ids=[cause for _, _, cause in batch],
-            )
-        except (psycopg.DataError, psycopg.IntegrityError):
-            # Something in the batch is refused by the database every time: find it.
-            if len(batch) > 1:
-                for one in batch:
-                    self.process(channel, [one])
+        while True:
+            try:
+                results = store_events(
+                    ctx.db,
+                    [body for _, body, _ in batch],
+                    self.metrics,
+                    request_ids=[cause for _, _, cause in batch],
+                )
+                break
+            except (psycopg.DataError, psycopg.IntegrityError):
+                # Something in the batch is refused by the database every time: find it.
+                if len(batch) > 1:
+                    for one in batch:
+                        self.process(channel, [one])
+                    return
+                method, body, _ = batch[0]
+                log.error("dead-lettered an event the database refuses; body=%r", body[:200])
+                channel.basic_reject(method.delivery_tag, requeue=False)
                 return
-            method, body, _ = batch[0]
-            log.error("dead-lettered an event the database refuses; body=%r", body[:200])
-            channel.basic_reject(method.delivery_tag, requeue=False)
-            return
-        except Exception:
-            delay = self.db_backoff.next()
-            log.exception("%d events not stored; requeued, pausing %.1fs", len(batch), delay)
-            channel.basic_nack(batch[-1][0].delivery_tag, multiple=True, requeue=True)
-            channel.connection.sleep(delay)
-            return
+            except Exception:
+                delay = self.db_backoff.next()
+                if self.stopping.is_set():
+                    log.exception("%d events not stored; requeued (stopping)", len(batch))
+                    channel.basic_nack(batch[-1][0].delivery_tag, multiple=True, requeue=True)
+                    return
+                # Kept in hand, not requeued: each return counts toward the queue's
+                # delivery limit, and a long database outage (a failover) must not
+                # dead-letter good events as poison. Sleeping on the connection keeps
+                # its heartbeats answered.
+                log.exception(
+                    "%d events not stored; kept, trying again in %.1fs", len(batch), delay
+                )
+                channel.connection.sleep(delay)
         self.db_backoff.reset()
         routes: dict[str, tuple[str, str]] = {}
         for (method, body, _), handled in zip(batch, results, strict=True):

@@ -29,10 +29,11 @@ from services.notifier.models import (
     Delivery,
     Endpoint,
 )
-from shared.bus import NOTIFIER_DEAD_QUEUE, BusNames
+from shared.bus import BusNames
 from shared.db import Database
 from shared.metrics import CachedCollector
 from shared.timefmt import utcnow
+from shared.topology import JOB_QUEUE, NOTIFIER_DEAD_QUEUE, RETRY_JOB_QUEUE
 
 #: What `settle_notifier_events_total{result}` counts: a message stored as an event, one
 #: already stored (redelivered), one that can never be an event, one not from core.
@@ -126,7 +127,7 @@ class NotifierMetrics:
 
 #: The `queue` label of the delivery gauges: the job queue a due delivery waits on
 #: (first attempts, and retries: `broker.DeliveryQueues`), named as in RabbitMQ.
-FIRST_QUEUE, RETRY_QUEUE = "webhooks", "webhooks.retry"
+FIRST_QUEUE, RETRY_QUEUE = JOB_QUEUE, RETRY_JOB_QUEUE
 
 
 class DeliveryQueueCollector(Collector):

@@ -12,6 +12,7 @@ import pytest
 
 from services import cli, doctor
 from services.doctor import FAIL, OK, SKIP, Result
+from services.notifier import queue_admin
 from services.notifier.consumer import declare_topology
 from shared.bus import BusNames
 from tests.support import keys
@@ -40,9 +41,7 @@ def bus() -> Iterator[BusNames]:
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:
         declare_topology(connection.channel(), names)
-        channel = connection.channel()
-        for queue in ("webhooks", "webhooks.retry"):
-            channel.queue_declare(names.queue(queue), durable=True)
+        queue_admin.declare_all(connection.channel(), names.prefix)
     finally:
         connection.close()
     yield names
@@ -85,7 +84,7 @@ def test_a_sound_deployment_passes_every_check(
     for name in ("settings", "database", "broker", "lease", "secret key", "clock"):
         assert found[name].status == OK, found[name]
     # The notifier side's queues were looked at (guest is not the trusted core user here)
-    assert "notifier's queues present" in found["broker"].detail
+    assert "notifier's quorum queues present" in found["broker"].detail
 
 
 def test_an_unreachable_or_unmigrated_database_fails(migrated: str, tmp_path: Path) -> None:

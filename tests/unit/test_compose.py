@@ -146,8 +146,10 @@ def test_no_service_uses_guest_and_the_broker_loads_the_definitions() -> None:
         "SETTLE_AMQP_CORE_PASSWORD",
         "SETTLE_AMQP_NOTIFIER_PASSWORD",
     }
+    # The queues' topology, next to the script (it imports it from there)
+    assert mounts["./shared/topology.py"] == script.rsplit("/", 1)[0] + "/topology.py"
     # The broker mounts the same volume and a conf.d file that loads what was written there
-    shared_volume = mounts.keys() - {"./deploy/rabbitmq/definitions.py"}
+    shared_volume = mounts.keys() - {"./deploy/rabbitmq/definitions.py", "./shared/topology.py"}
     (volume,) = shared_volume
     broker = SERVICES["rabbitmq"]
     broker_mounts = dict(v.split(":")[:2] for v in broker["volumes"])
