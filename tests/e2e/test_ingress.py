@@ -541,8 +541,8 @@ def send_chunked(port: int, path: str, total: int) -> Reply:
         conn.close()
 
 
-def test_chunked_bodies_stream_through_and_are_limited_too(stack: Stack) -> None:
-    # No Content-Length: nginx streams the body on (proxy_request_buffering off) and
+def test_chunked_bodies_pass_through_and_are_limited_too(stack: Stack) -> None:
+    # No Content-Length: nginx reads the chunked body whole (proxy_request_buffering on)
     # counts as it goes.
     reply = send_chunked(stack.ingress.port, "/v1/webhook-endpoints", 100 * 1024)
     assert reply.status == 200
@@ -629,3 +629,53 @@ def test_render_cli(tmp_path: Path) -> None:
     assert "return 308 https://$host:8443$request_uri;" in out
     assert f"pid {tmp_path}/nginx.pid;" in out
     assert render.unfilled(out) == []
+
+
+#: Request targets nginx's own parser refuses or cannot route (issue 23: `/v1/../../x`
+#: answered nginx's HTML 500 page), control characters and spaces among them.
+MALFORMED = [
+    b"/v1/../../x",
+    b"/../x",
+    b"/v1/%2e%2e/%2e%2e/x",
+    b"/v1/chains/%00",
+    b"/v1/%",
+    b"/v1/chains%",
+    b"/%zz",
+    b"/v1/\x00",
+    b"/v1/\x01",
+    b"/v1/\x7f",
+    b"/v1/a b",
+    b"/v1/" + b"a" * 9000,
+    b"x",
+    b"*",
+]
+
+
+def raw_request(port: int, target: bytes) -> tuple[int, dict[str, str], bytes]:
+    """GET `target` written into the request line as it is (no client cleans it up)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize("target", MALFORMED, ids=lambda t: repr(t[:20]))
+def test_malformed_paths_answer_the_json_error_format(stack: Stack, target: bytes) -> None:
+    before = len(stack.core.seen) + len(stack.notifier.seen)
+    status, headers, body = raw_request(stack.ingress.port, target)
+    assert 400 <= status < 500, (status, body[:300])
+    assert headers["content-type"] == "application/json", body[:300]
+    answer = json.loads(body)
+    assert answer["code"] in ("invalid_request", "not_found"), answer
+    assert answer["error"].startswith(answer["code"] + ": "), answer
+    assert len(stack.core.seen) + len(stack.notifier.seen) == before  # nobody was asked
+
+
+def test_the_error_pages_location_is_internal(stack: Stack) -> None:
+    reply = get(stack, "/.settle-errors/400")
+    assert reply.status == 404 and reply.json() == NOT_FOUND
