@@ -211,6 +211,11 @@ _WEBHOOK_ENDPOINT = _object(
             "type": ["number", "null"],
             "description": "The endpoint's own cap on deliveries a second; null: none.",
         },
+        "signatureScheme": {
+            "type": "string",
+            "enum": ["settle", "standard"],
+            "description": "`standard`: Standard Webhooks' headers are sent too.",
+        },
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
     },
@@ -460,6 +465,7 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "disabledReason": "failing",
     "previousSecretExpiresAt": None,
     "rateLimitPerSecond": None,
+    "signatureScheme": "settle",
     "createdAt": "2026-11-18T09:30:00.000Z",
     "updatedAt": "2026-11-21T04:11:28.123Z",
 }

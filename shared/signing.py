@@ -1,14 +1,22 @@
-"""Webhook signatures: `x-service-signature: v1=<hex HMAC-SHA256>`.
+"""Webhook signatures: `x-service-signature: v1=<hex HMAC-SHA256>`, and Standard Webhooks.
 
-The HMAC key is the endpoint secret's UTF-8 bytes; the message is
-`<timestamp>.<raw body>`. During a rotation overlap the header carries one
-`v1=` value per valid secret, newest first: `v1=<new>,v1=<old>`.
+Settle's scheme: the HMAC key is the endpoint secret's UTF-8 bytes (the whole
+`whsec_...` string); the message is `<timestamp>.<raw body>`. During a rotation overlap
+the header carries one `v1=` value per valid secret, newest first: `v1=<new>,v1=<old>`.
+
+Standard Webhooks (https://www.standardwebhooks.com/, an endpoint's
+`signatureScheme: "standard"`): the key is the base64 decoding of the secret after its
+`whsec_` prefix; the message is `<webhook-id>.<webhook-timestamp>.<raw body>`; the
+`webhook-signature` header is `v1,<base64 HMAC-SHA256>` per valid secret, separated by
+spaces, newest first. The same secret serves both schemes.
 
 A receiver calls `verify(secret, headers, raw_body)`; see docs/WEBHOOKS.md.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -20,6 +28,15 @@ TIMESTAMP_HEADER = "x-service-timestamp"
 EVENT_ID_HEADER = "x-service-event-id"
 DELIVERY_ID_HEADER = "x-service-delivery-id"
 SCHEME = "v1"
+#: Standard Webhooks' headers (sent besides ours when the endpoint asks for them).
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
+#: An endpoint's signatureScheme: ours alone, or ours and Standard Webhooks'.
+SETTLE, STANDARD = "settle", "standard"
+SIGNATURE_SCHEMES = (SETTLE, STANDARD)
+#: Every secret starts with this (Standard Webhooks' libraries strip it before decoding).
+SECRET_PREFIX = "whsec_"
 #: Receivers reject deliveries whose timestamp is further than this from their clock.
 DEFAULT_TOLERANCE_S = 300
 #: Unix seconds in ASCII digits only (`str.isdigit` also takes "²" and other scripts' digits).
@@ -80,6 +97,53 @@ def signature_header(secrets: Iterable[str], timestamp: int, raw_body: bytes) ->
     return ",".join(f"{SCHEME}={compute(s, timestamp, raw_body)}" for s in secrets)
 
 
+def standard_key(secret: str) -> bytes:
+    """The Standard Webhooks key of a secret: base64 of what follows `whsec_`, decoded.
+
+    Secrets made before the standard scheme existed are URL-safe base64 without padding;
+    they decode here too (the alphabet mapped, the padding restored), though the
+    Standard Webhooks libraries cannot read them: rotate such a secret before switching.
+    """
+    text = _checked_secret(secret).removeprefix(SECRET_PREFIX)
+    text = text.replace("-", "+").replace("_", "/")
+    text += "=" * (-len(text) % 4)
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidSecret("the secret is not whsec_ followed by base64") from None
+    if not key:
+        raise InvalidSecret("the secret's key is empty")
+    return key
+
+
+def is_standard_readable(secret: str) -> bool:
+    """True when Standard Webhooks' libraries read the secret as `standard_key` does:
+    `whsec_` then standard base64 with its padding (every secret made today)."""
+    text = secret.removeprefix(SECRET_PREFIX)
+    try:
+        return bool(text) and base64.b64encode(base64.b64decode(text, validate=True)) == (
+            text.encode("ascii")
+        )
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return False
+
+
+def compute_standard(secret: str, message_id: str, timestamp: int | str, raw_body: bytes) -> str:
+    """Base64 HMAC-SHA256 of `<message_id>.<timestamp>.<raw_body>` keyed with `standard_key`."""
+    message = f"{message_id}.{timestamp}.".encode() + bytes(raw_body)
+    digest = hmac.new(standard_key(secret), message, hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def standard_signature_header(
+    secrets: Iterable[str], message_id: str, timestamp: int, raw_body: bytes
+) -> str:
+    """`v1,<base64>` per secret, space-separated, in the order given (newest first)."""
+    return " ".join(
+        f"{SCHEME},{compute_standard(s, message_id, timestamp, raw_body)}" for s in secrets
+    )
+
+
 def sign_headers(
     secrets: Iterable[str],
     raw_body: bytes,
@@ -87,16 +151,29 @@ def sign_headers(
     delivery_id: str,
     *,
     timestamp: int | None = None,
+    scheme: str = SETTLE,
 ) -> dict[str, str]:
-    """All headers of a delivery."""
+    """All headers of a delivery: ours always; Standard Webhooks' too for `STANDARD`.
+
+    The Standard Webhooks message id is the event id: the same on every retry and
+    replay, so a receiver deduplicating on `webhook-id` sees one message per event.
+    """
     ts = int(time.time()) if timestamp is None else timestamp
-    return {
+    secrets = list(secrets)
+    headers = {
         "Content-Type": "application/json",
         SIGNATURE_HEADER: signature_header(secrets, ts, raw_body),
         TIMESTAMP_HEADER: str(ts),
         EVENT_ID_HEADER: event_id,
         DELIVERY_ID_HEADER: delivery_id,
     }
+    if scheme == STANDARD:
+        headers[STANDARD_ID_HEADER] = event_id
+        headers[STANDARD_TIMESTAMP_HEADER] = str(ts)
+        headers[STANDARD_SIGNATURE_HEADER] = standard_signature_header(
+            secrets, event_id, ts, raw_body
+        )
+    return headers
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:

@@ -507,6 +507,7 @@ class Deliverer:
             claim.event_id,
             claim.delivery_id,
             timestamp=int(attempted_at.timestamp()),
+            scheme=claim.signature_scheme,
         )
         result = self.sender.send(claim.url, body, headers)
         if self.breakers.record(claim.endpoint_id, ok=result.ok):
@@ -521,7 +522,7 @@ class Deliverer:
             self._attempts_ok.inc()
         else:
             self.metrics.attempts.labels(_outcome_label(result)).inc()
-        return self._record(conn, claim, result, attempted_at, headers[signing.SIGNATURE_HEADER])
+        return self._record(conn, claim, result, attempted_at, headers)
 
     def _tell(
         self, endpoint_id: str, what: str, build: Callable[[Session, Endpoint], list[str]]
@@ -589,7 +590,7 @@ class Deliverer:
         claim: Claim,
         result: SendResult,
         attempted_at: datetime,
-        signature: str,
+        headers: dict[str, str],
     ) -> str:
         """The attempt, the delivery's new state and the endpoint's streak, in one transaction."""
         config = self.config
@@ -607,7 +608,8 @@ class Deliverer:
             "succeeded_at": None,
             "latency_ms": result.latency_ms,
             "response_body": result.body,
-            "signature_header": signature,
+            "signature_header": headers[signing.SIGNATURE_HEADER],
+            "webhook_signature": headers.get(signing.STANDARD_SIGNATURE_HEADER),
         }
         if result.ok:
             values.update(status=SUCCEEDED, next_attempt_at=None, succeeded_at=now)

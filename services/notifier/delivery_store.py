@@ -75,6 +75,8 @@ class Claim:
     rate_limit_per_second: float | None = None
     #: The API request that caused the event (its attempts log under it), if any.
     request_id: str | None = None
+    #: The endpoint's signatureScheme (`settle` or `standard`).
+    signature_scheme: str = "settle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,7 @@ def _claim_statement() -> sa.Update:
             Endpoint.previous_secret_expires_at,
             Endpoint.rate_limit_per_second,
             StoredEvent.request_id,
+            Endpoint.signature_scheme,
         )
     )
 
@@ -162,6 +165,7 @@ def _record_statement() -> sa.Update:
         error=sa.bindparam("last_error"),
         response_body=sa.bindparam("response_body"),
         signature_header=sa.bindparam("signature_header"),
+        webhook_signature=sa.bindparam("webhook_signature"),
     )
     return (
         sa.update(Delivery)
@@ -317,7 +321,17 @@ class DeliveryStore:
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
             return None
-        number, event_id, endpoint_id, tenant_id, body, created_at, *endpoint, request_id = row
+        (
+            number,
+            event_id,
+            endpoint_id,
+            tenant_id,
+            body,
+            created_at,
+            *endpoint,
+            request_id,
+            scheme,
+        ) = row
         return Claim(
             delivery_id,
             lease,
@@ -329,6 +343,7 @@ class DeliveryStore:
             tenant_id,
             *endpoint,
             request_id,
+            scheme,
         )
 
     def record(

@@ -70,6 +70,13 @@ class Endpoint(NotifierBase):
     failing_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: The endpoint's own cap on attempts per second (per worker process); None: none.
     rate_limit_per_second: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    #: `settle` (our headers) or `standard` (Standard Webhooks' headers too).
+    signature_scheme: Mapped[str] = mapped_column(
+        sa.String(20), default="settle", server_default="settle"
+    )
+    #: Set on an ephemeral endpoint (`settle listen`'s): it is deleted once this passes
+    #: without a renewal, and does not count against the tenant's endpoint limit.
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -125,6 +132,8 @@ class Attempt(NotifierBase):
     response_body: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     #: The signature header sent, so support can see which secret signed it.
     signature_header: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    #: The `webhook-signature` header sent (Standard Webhooks), when the endpoint asked.
+    webhook_signature: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 
 
 class NotifierIdempotencyRecord(NotifierBase, IdempotencyRecordMixin):

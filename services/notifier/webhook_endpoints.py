@@ -25,7 +25,7 @@ from services.notifier.models import (
     Endpoint,
 )
 from services.notifier.secrets import SecretBox, new_secret
-from shared import subscriptions
+from shared import signing, subscriptions
 from shared.api import Page, field_error, keyset_page
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
@@ -103,6 +103,25 @@ def checked_rate_limit(value: float | None, field: str = "rateLimitPerSecond") -
     return float(value)
 
 
+def checked_scheme(value: str, field: str = "signatureScheme") -> str:
+    if value not in signing.SIGNATURE_SCHEMES:
+        raise field_error(field, "must be " + " or ".join(signing.SIGNATURE_SCHEMES))
+    return value
+
+
+def set_scheme(endpoint: Endpoint, scheme: str, box: Decrypter) -> None:
+    """Switch the signature scheme; `standard` needs a secret its libraries can read."""
+    scheme = checked_scheme(scheme)
+    if scheme == signing.STANDARD and not signing.is_standard_readable(
+        box.decrypt(endpoint.secret_encrypted)
+    ):
+        raise Conflict(
+            "this endpoint's secret predates Standard Webhooks and its libraries cannot "
+            "read it: rotate the secret (POST .../rotate-secret), then set signatureScheme"
+        )
+    endpoint.signature_scheme = scheme
+
+
 def _lock_tenant(session: Session, tenant_id: str) -> None:
     """Serialize endpoint creation per tenant so the cap holds under concurrency."""
     session.execute(
@@ -133,12 +152,14 @@ def create_endpoint(
     allow_private: bool,
     max_endpoints: int,
     rate_limit_per_second: float | None = None,
+    signature_scheme: str = signing.SETTLE,
     now: datetime | None = None,
 ) -> tuple[Endpoint, str]:
     """A new enabled endpoint and its secret (the only time it is seen in clear)."""
     name = checked_name(name)
     url = checked_url(url, allow_private=allow_private)
     kept_types = checked_event_types(event_types)
+    scheme = checked_scheme(signature_scheme)
     _lock_tenant(session, tenant_id)
     if count_endpoints(session, tenant_id) >= max_endpoints:
         raise Conflict(
@@ -161,6 +182,8 @@ def create_endpoint(
         failed_attempts=0,
         failing_notified_at=None,
         rate_limit_per_second=checked_rate_limit(rate_limit_per_second),
+        signature_scheme=scheme,
+        expires_at=None,
         created_at=now,
         updated_at=now,
         deleted_at=None,
@@ -205,11 +228,14 @@ def update_endpoint(
     event_types: Sequence[str] | None = None,
     status: str | None = None,
     rate_limit_per_second: float | _Unchanged | None = UNCHANGED,
+    signature_scheme: str | None = None,
+    box: Decrypter | None = None,
     allow_private: bool,
     now: datetime | None = None,
 ) -> Endpoint:
     """Apply a PATCH: any subset of name, url, eventTypes, status, rateLimitPerSecond
-    (None removes the limit; UNCHANGED, the default, leaves it)."""
+    (None removes the limit; UNCHANGED, the default, leaves it), signatureScheme (`box`
+    reads the secret to check that the scheme can use it)."""
     if name is not None:
         endpoint.name = checked_name(name)
     if url is not None:
@@ -220,6 +246,9 @@ def update_endpoint(
         set_status(endpoint, status)
     if not isinstance(rate_limit_per_second, _Unchanged):
         endpoint.rate_limit_per_second = checked_rate_limit(rate_limit_per_second)
+    if signature_scheme is not None:
+        assert box is not None, "the secret box checks the secret suits the scheme"
+        set_scheme(endpoint, signature_scheme, box)
     endpoint.updated_at = now or utcnow()
     return endpoint
 
@@ -234,6 +263,7 @@ def audited(endpoint: Endpoint) -> dict[str, object]:
         "status": endpoint.status,
         # As text: the log's canonical form has no floats (shared/audit/chain.py).
         "rateLimitPerSecond": None if rate is None else repr(rate),
+        "signatureScheme": endpoint.signature_scheme,
     }
 
 

@@ -118,9 +118,16 @@ class Pipeline:
     names: BusNames
 
     def endpoint(
-        self, tenant_id: str, url: str, event_types: list[str], *, name: str = "test"
+        self,
+        tenant_id: str,
+        url: str,
+        event_types: list[str],
+        *,
+        name: str = "test",
+        **options: Any,
     ) -> tuple[str, str]:
-        """A new enabled endpoint through the notifier's own domain code -> (id, secret)."""
+        """A new enabled endpoint through the notifier's own domain code -> (id, secret);
+        `options` are create_endpoint's (signature_scheme, ...)."""
         with self.db.transaction() as session:
             endpoint, secret = endpoint_domain.create_endpoint(
                 session,
@@ -131,6 +138,7 @@ class Pipeline:
                 event_types=event_types,
                 allow_private=True,
                 max_endpoints=100,
+                **options,
             )
             return endpoint.id, secret
 

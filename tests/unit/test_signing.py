@@ -7,6 +7,7 @@ import hmac
 
 import pytest
 
+from services.notifier.secrets import new_secret
 from shared import signing
 from shared.signing import (
     MalformedHeader,
@@ -222,3 +223,23 @@ def test_bytearray_and_memoryview_bodies_verify() -> None:
 
 def test_the_new_errors_are_signature_errors() -> None:
     assert issubclass(signing.InvalidSecret, signing.SignatureError)
+
+
+def test_the_standard_scheme_matches_the_specifications_example() -> None:
+    # The example of the Standard Webhooks specification (its libraries' test vector)
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"test": 2432232314}'
+    header = signing.standard_signature_header(
+        [secret], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body
+    )
+    assert header == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_new_secrets_are_in_the_form_standard_libraries_read() -> None:
+    for _ in range(50):
+        secret = new_secret()
+        assert signing.is_standard_readable(secret) and len(signing.standard_key(secret)) == 32
+    assert not signing.is_standard_readable("whsec_" + "a" * 43)  # the old URL-safe form
+    for bad in ("", "whsec_", "whsec_!!!!"):
+        with pytest.raises(signing.InvalidSecret):
+            signing.standard_key(bad)

@@ -84,6 +84,7 @@ class WebhookEndpoints(MethodView):
                 allow_private=ctx.config.allow_private,
                 max_endpoints=ctx.max_endpoints_per_tenant,
                 rate_limit_per_second=args["rate_limit_per_second"],
+                signature_scheme=args["signature_scheme"],
                 now=now,
             )
             after = webhook_endpoints.audited(endpoint)
@@ -109,9 +110,16 @@ class WebhookEndpoint(MethodView):
     @blp.arguments(EndpointPatchSchema)
     @blp.response(200, EndpointEnvelopeSchema)
     @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    @blp.alt_response(
+        409,
+        schema=ErrorSchema,
+        description="conflict: signatureScheme standard with a secret made before it "
+        "existed (rotate the secret first)",
+    )
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     def patch(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
-        """Change any of name, url, eventTypes, status (enabled or disabled)."""
+        """Change any of name, url, eventTypes, status (enabled or disabled),
+        rateLimitPerSecond, signatureScheme."""
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
@@ -128,6 +136,8 @@ class WebhookEndpoint(MethodView):
                 rate_limit_per_second=args.get(
                     "rate_limit_per_second", webhook_endpoints.UNCHANGED
                 ),
+                signature_scheme=args.get("signature_scheme"),
+                box=ctx.secret_box,
                 allow_private=ctx.config.allow_private,
                 now=now,
             )

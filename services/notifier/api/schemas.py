@@ -95,6 +95,21 @@ def rate_limit_field(**kwargs: Any) -> StrictNumber:
     )
 
 
+SCHEME_DESCRIPTION = (
+    "`settle` (default): our headers (x-service-signature, ...). `standard`: Standard "
+    "Webhooks' headers too (webhook-id, webhook-timestamp, webhook-signature), so its "
+    "libraries verify deliveries unchanged; the same secret serves both (docs/WEBHOOKS.md)."
+)
+
+
+def scheme_field(**kwargs: Any) -> ma.fields.String:
+    return ma.fields.String(
+        validate=ma.validate.OneOf(signing.SIGNATURE_SCHEMES),
+        metadata={"enum": list(signing.SIGNATURE_SCHEMES), "description": SCHEME_DESCRIPTION},
+        **kwargs,
+    )
+
+
 class EndpointSchema(Schema):
     id = ma.fields.String(required=True, metadata={"example": "we_01JD3Y8Q2X4N6R5T7V9W0Z1A2B"})
     name = ma.fields.String(required=True, metadata={"example": "Production ledger"})
@@ -133,6 +148,7 @@ class EndpointSchema(Schema):
     rate_limit_per_second = ma.fields.Float(
         required=True, allow_none=True, metadata={"description": RATE_LIMIT_DESCRIPTION}
     )
+    signature_scheme = scheme_field(required=True)
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
 
@@ -149,6 +165,7 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
         "disabled_reason": endpoint.disabled_reason if endpoint.status == DISABLED else None,
         "previous_secret_expires_at": previous_secret_expires_at(endpoint, now),
         "rate_limit_per_second": endpoint.rate_limit_per_second,
+        "signature_scheme": endpoint.signature_scheme,
         "created_at": endpoint.created_at,
         "updated_at": endpoint.updated_at,
     }
@@ -176,6 +193,7 @@ class EndpointCreateSchema(Schema):
         metadata={"description": SUBSCRIPTIONS_DESCRIPTION, "example": ["deposit.credited"]},
     )
     rate_limit_per_second = rate_limit_field(load_default=None)
+    signature_scheme = scheme_field(load_default=signing.SETTLE)
 
 
 class EndpointPatchSchema(Schema):
@@ -190,12 +208,14 @@ class EndpointPatchSchema(Schema):
         validate=ma.validate.OneOf([ENABLED, DISABLED]), metadata={"enum": [ENABLED, DISABLED]}
     )
     rate_limit_per_second = rate_limit_field()
+    signature_scheme = scheme_field()
 
     @ma.validates_schema
     def _at_least_one(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
             raise ma.ValidationError(
-                "give at least one of name, url, eventTypes, status, rateLimitPerSecond"
+                "give at least one of name, url, eventTypes, status, rateLimitPerSecond, "
+                "signatureScheme"
             )
 
 
@@ -351,16 +371,23 @@ def _request_headers(delivery: Delivery, attempt: Attempt) -> dict[str, str]:
     """The headers the attempt sent: the sender's, then the delivery's signed ones.
 
     Each attempt is signed with its own `attempted_at` (whole seconds), so its
-    timestamp header is that; the signature sent is recorded with the attempt.
+    timestamp header is that; the signatures sent are recorded with the attempt (the
+    Standard Webhooks one only when the endpoint asked for that scheme).
     """
-    return {
+    timestamp = str(int(attempt.attempted_at.timestamp()))
+    headers = {
         **BASE_HEADERS,
         "Content-Type": "application/json",
         signing.SIGNATURE_HEADER: attempt.signature_header or "",
-        signing.TIMESTAMP_HEADER: str(int(attempt.attempted_at.timestamp())),
+        signing.TIMESTAMP_HEADER: timestamp,
         signing.EVENT_ID_HEADER: delivery.event_id,
         signing.DELIVERY_ID_HEADER: delivery.id,
     }
+    if attempt.webhook_signature is not None:
+        headers[signing.STANDARD_ID_HEADER] = delivery.event_id
+        headers[signing.STANDARD_TIMESTAMP_HEADER] = timestamp
+        headers[signing.STANDARD_SIGNATURE_HEADER] = attempt.webhook_signature
+    return headers
 
 
 class DeliveryEnvelopeSchema(Schema):
