@@ -1,8 +1,8 @@
 """receivers first (issue 26): an endpoint's signature scheme, ephemeral endpoints, the
 Standard Webhooks signature an attempt sent
 
-Revision ID: notifier_0005
-Revises: notifier_0003
+Revision ID: notifier_0007
+Revises: notifier_0006
 Create Date: 2026-11-28 18:30:00
 """
 
@@ -13,8 +13,8 @@ from alembic import op
 
 import shared.db
 
-revision: str = "notifier_0005"
-down_revision: str | None = "notifier_0003"
+revision: str = "notifier_0007"
+down_revision: str | None = "notifier_0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
