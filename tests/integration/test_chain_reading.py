@@ -819,3 +819,56 @@ def test_logs_are_asked_for_the_supported_tokens_and_matched_in_memory(
         assert [a.lower() for a in spec["address"]] == [rig.token.lower()]
         assert spec["topics"] == [TRANSFER_TOPIC]
     assert len(deposits_of(pg_db, rig.account)) == 1
+
+
+# -- rules a probe broke without a test noticing (issue 22) -----------------------------------
+
+
+def test_a_log_from_a_block_off_the_canonical_chain_mid_range_is_never_recorded(
+    rig: Rig, pg_db: Database
+) -> None:
+    # Given a transfer mined in the middle of a range (an empty block before it and after)
+    rig.evm.mine()
+    first = rig.evm.head() + 1
+    rig.evm.mine()
+    rig.send(70 * USDC)
+    rig.evm.mine(2)
+    stale = rig.proxy.capture_fork(first)
+    # And a reorg that drops it: a longer branch of empty blocks replaces its block
+    rig.evm.reorg(2, length=4)
+    # When the range's logs come from a backend left on the old branch, while its last
+    # block (canonical, empty) is confirmed by the probe asked by its hash
+    rig.proxy.serve_fork(stale, methods=("eth_getLogs",))
+    w = rig.watcher(start_block=first)
+    tick(w, 3)
+    rig.evm.mine(DEPTH)
+    tick(w, 3)
+    # Then nothing is recorded from a block the headers contradict
+    assert deposits_of(pg_db, rig.account) == []
+    # Nor later, once the backend agrees with the canonical chain (it has no transfer)
+    rig.proxy.serve_fork(None)
+    tick(w, 3)
+    assert deposits_of(pg_db, rig.account) == []
+
+
+def test_a_finalized_block_shallower_than_the_depth_does_not_confirm_early(
+    evm: EvmChain, pg_db: Database, tenant: TenantKeys
+) -> None:
+    # Given a chain confirmed at the `finalized` tag, on a node finalizing 1 block deep
+    with EvmNode(evm, finalized_depth=1) as node:
+        for rig in build_rig(evm, node.url, pg_db, tenant, finality_tag="finalized"):
+            w = rig.watcher()
+            w.tick()
+            # When 9 USDC are under the node's finalized block but one block short of the
+            # chain's depth (3)
+            rig.send(9 * USDC)
+            rig.evm.mine(DEPTH - 1)
+            tick(w, 2)
+            # Then the depth still applies: seen, not confirmed
+            (deposit,) = deposits_of(pg_db, rig.account)
+            assert (deposit.status, deposit.confirmations) == (states.SOURCE_SEEN, DEPTH - 1)
+            # And the depth's block confirms it
+            rig.evm.mine()
+            tick(w, 2)
+            (deposit,) = deposits_of(pg_db, rig.account)
+            assert (deposit.status, deposit.confirmations) == (states.SOURCE_CONFIRMED, DEPTH)
