@@ -7,11 +7,11 @@ as its own user). Checks, in order:
 - settings: core's and the notifier's settings load (production refuses dev-only ones);
 - database: each database answers, and each component (identity, core, notifier) is at
   its migrations' head;
-- broker: RabbitMQ answers as the URL's user, which is not `guest` in production; the
-  events exchange is there, and for the notifier's user its queues (events, dead
-  letters, delivery jobs), each a quorum queue (a classic one from an older deployment
-  fails: `settle notifier upgrade-queues`), with the dead letters waiting named; the
-  user the notifier trusts is core's, not `guest`;
+- broker: RabbitMQ answers as the URL's user on every node SETTLE_AMQP_URL lists, a
+  user that is not `guest` in production; the events exchange is there, and for the
+  notifier's user its queues (events, dead letters, delivery jobs), each a quorum queue
+  (a classic one from an older deployment fails: `settle notifier upgrade-queues`), with
+  the dead letters waiting named; the user the notifier trusts is core's, not `guest`;
 - lease: a delivery's lease outlasts an attempt's deadline;
 - secret key: SETTLE_SECRET_KEY is 32 random bytes or more (the dev default only in dev);
 - chain N: each configured node answers with chain id N (and active chains without one);
@@ -117,7 +117,7 @@ def check_broker(settings: Settings) -> Result:
     from services.notifier import queue_admin
     from services.notifier.broker import DeliveryQueues
     from shared import topology
-    from shared.bus import BusNames
+    from shared.bus import BusNames, amqp_nodes, node_parameters
 
     url = settings.core.amqp_url
     production = settings.core.env == "production"
@@ -128,20 +128,32 @@ def check_broker(settings: Settings) -> Result:
             else "settle dev's in-process broker"
         )
         return Result("broker", SKIP, detail)
-    params = pika.URLParameters(url)
-    params.socket_timeout = TIMEOUT_S
-    params.blocked_connection_timeout = TIMEOUT_S
-    params.connection_attempts = 1
-    user = params.credentials.username
+    nodes = amqp_nodes(url)
+    params = node_parameters(url, timeout_s=TIMEOUT_S)
+    for node in params:
+        node.blocked_connection_timeout = TIMEOUT_S
+    user = params[0].credentials.username
     trusted = settings.notifier.core_amqp_user
     if production and user == "guest":
         return Result("broker", FAIL, "connects as guest in production (one user per service)")
     names = BusNames.from_env(settings.env)
     notifier_side = user != trusted
-    try:
-        connection = pika.BlockingConnection(params)
-    except Exception as err:
-        return Result("broker", FAIL, f"{_public(url)} refuses {user}: {_reason(err, url)}")
+    # Every node of the cluster must answer: one that does not is a cluster running short.
+    connection, down = None, []
+    for node_url, node in zip(nodes, params, strict=True):
+        try:
+            opened = pika.BlockingConnection(node)
+        except Exception as err:
+            down.append(f"{_public(node_url)} refuses {user}: {_reason(err, node_url)}")
+            continue
+        if connection is None:
+            connection = opened
+        else:
+            opened.close()
+    if connection is None or down:
+        if connection is not None:
+            connection.close()
+        return Result("broker", FAIL, "; ".join(down))
     missing, classic, dead = [], [], []
     try:
         channel = connection.channel()
@@ -184,7 +196,8 @@ def check_broker(settings: Settings) -> Result:
     role = "notifier (trusts events from " + trusted + ")" if notifier_side else "core's relay"
     seen = "the exchange" + (" and the notifier's quorum queues" if notifier_side else "")
     letters = f"; dead letters waiting: {', '.join(dead)}" if dead else ""
-    return Result("broker", OK, f"{_public(url)} as {user}, {role}: {seen} present{letters}")
+    where = ", ".join(_public(node_url) for node_url in nodes)
+    return Result("broker", OK, f"{where} as {user}, {role}: {seen} present{letters}")
 
 
 # --- lease, secret key ----------------------------------------------------------------

@@ -16,7 +16,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
@@ -36,6 +37,8 @@ from shared.topology import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,48 @@ class EventPublisher(Protocol):
     def close(self) -> None: ...
 
 
+def amqp_nodes(amqp_url: str) -> list[str]:
+    """The node URLs of SETTLE_AMQP_URL, a RabbitMQ cluster's nodes separated by commas.
+
+    Each item is a whole `amqp://` URL, or (after the first) `host[:port]` alone, which
+    takes the first URL's user, password, vhost and options:
+    `amqp://settle-core:pw@rabbit-1:5672/%2F,rabbit-2,rabbit-3:5673`.
+    """
+    items = [item.strip() for item in amqp_url.split(",") if item.strip()]
+    if not items:
+        return []
+    first = urlsplit(items[0])
+    nodes = [items[0]]
+    for item in items[1:]:
+        if "://" in item:
+            nodes.append(item)
+            continue
+        credentials = first.netloc.rpartition("@")[0]
+        netloc = f"{credentials}@{item}" if credentials else item
+        nodes.append(urlunsplit((first.scheme, netloc, first.path, first.query, "")))
+    return nodes
+
+
+def node_parameters(amqp_url: str, *, timeout_s: float = 5.0) -> list[pika.URLParameters]:
+    """Connection parameters of each node of SETTLE_AMQP_URL, one attempt each: a client
+    that loses its node goes on to the next one instead of waiting on the dead one."""
+    found = []
+    for url in amqp_nodes(amqp_url):
+        params = pika.URLParameters(url)
+        params.socket_timeout = timeout_s
+        params.connection_attempts = 1
+        found.append(params)
+    return found
+
+
+def rotated(nodes: Sequence[T], start: int) -> list[T]:
+    """`nodes` beginning at `start` (the node after the one that failed), wrapping round."""
+    if not nodes:
+        return []
+    start %= len(nodes)
+    return [*nodes[start:], *nodes[:start]]
+
+
 def declare_events_exchange(channel: BlockingChannel, names: BusNames) -> None:
     channel.exchange_declare(names.exchange, exchange_type="topic", durable=True)
 
@@ -129,17 +174,22 @@ class RabbitPublisher:
         connect_timeout_s: float = 5.0,
         confirm_timeout_s: float = 15.0,
     ) -> None:
-        self._params = pika.URLParameters(amqp_url)
-        self._params.socket_timeout = connect_timeout_s
-        self._params.blocked_connection_timeout = 30
         self._names = names or BusNames()
+        #: The cluster's nodes (SETTLE_AMQP_URL may list several); `_node` is the one in use,
+        #: and a failure moves on to the next.
+        self._nodes = node_parameters(amqp_url, timeout_s=connect_timeout_s)
+        if not self._nodes:
+            raise ValueError("an AMQP URL is required")
+        self._node = 0
+        for params in self._nodes:
+            params.blocked_connection_timeout = 30
+            params.client_properties = {
+                "connection_name": f"settle outbox relay {self._names.prefix}".strip()
+            }
         #: Stamped on every message as the AMQP `user_id`: RabbitMQ refuses a message whose
         #: user_id is not the connection's user, so the consumer can tell core's events
         #: from anyone else's (services/notifier/trust.py).
-        self.user_id: str | None = getattr(self._params.credentials, "username", None)
-        self._params.client_properties = {
-            "connection_name": f"settle outbox relay {self._names.prefix}".strip()
-        }
+        self.user_id: str | None = getattr(self._nodes[0].credentials, "username", None)
         self._connect_timeout_s = connect_timeout_s
         self._confirm_timeout_s = confirm_timeout_s
         self._connection: SelectConnection | None = None
@@ -158,23 +208,32 @@ class RabbitPublisher:
     # -- connection ----------------------------------------------------------------
 
     def _open(self) -> Channel:
+        """The open channel, or a new one on the first node of the cluster that answers
+        (from the one in use, which a failure has already moved past)."""
         if self._ready and self._channel is not None and self._channel.is_open:
             return self._channel
-        self.close()
-        self._failure = None
-        self._connection = SelectConnection(
-            self._params,
-            on_open_callback=self._on_open,
-            on_open_error_callback=self._on_open_error,
-            on_close_callback=self._on_closed,
-        )
-        self._run_until(lambda: self._ready, self._connect_timeout_s)
-        if not self._ready:
-            reason = self._failure or "timed out"
+        failures = []
+        for _ in self._nodes:
+            params = self._nodes[self._node]
             self.close()
-            raise PublishError(f"cannot reach RabbitMQ: {reason}")
-        assert self._channel is not None
-        return self._channel
+            self._failure = None
+            self._connection = SelectConnection(
+                params,
+                on_open_callback=self._on_open,
+                on_open_error_callback=self._on_open_error,
+                on_close_callback=self._on_closed,
+            )
+            self._run_until(lambda: self._ready, self._connect_timeout_s)
+            if self._ready:
+                assert self._channel is not None
+                return self._channel
+            failures.append(f"{params.host}:{params.port}: {self._failure or 'timed out'}")
+            self.close()
+            self._next_node()
+        raise PublishError(f"cannot reach RabbitMQ: {'; '.join(failures)}")
+
+    def _next_node(self) -> None:
+        self._node = (self._node + 1) % len(self._nodes)
 
     def _on_open(self, connection: SelectConnection) -> None:
         connection.channel(on_open_callback=self._on_channel)
@@ -300,8 +359,10 @@ class RabbitPublisher:
         else:
             reason = f"RabbitMQ did not confirm: {self._failure or 'timed out'}"
         if self._failure is not None or self._outstanding:
-            # The connection is in an unknown state: start over on the next batch.
+            # The connection is in an unknown state (its node may be gone): start over on
+            # the next batch, on the next node. The unconfirmed events stay in the outbox.
             self.close()
+            self._next_node()
         raise PublishError(reason, confirmed=confirmed)
 
     def publish(self, event_id: str, event_type: str, body: bytes) -> None:

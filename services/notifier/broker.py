@@ -30,7 +30,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, Retries, TimeLimit
 
 from shared import topology
-from shared.bus import BusNames
+from shared.bus import BusNames, amqp_nodes
 
 #: An actor running longer than this is interrupted (it never should: HTTP has timeouts).
 ACTOR_TIME_LIMIT_MS = 5 * 60 * 1000
@@ -134,7 +134,10 @@ MAX_ENQUEUE_ATTEMPTS = 3
 def build_broker(config: Any) -> dramatiq.Broker:
     """RabbitMQ when `config.amqp_url` is set, else the in-memory stub."""
     if config.amqp_url:
-        return _Broker(url=config.amqp_url, confirm_delivery=False, middleware=middleware())
+        # Every node of the cluster: pika connects to the first that answers.
+        return _Broker(
+            url=amqp_nodes(config.amqp_url), confirm_delivery=False, middleware=middleware()
+        )
     return StubBroker(middleware=middleware())
 
 

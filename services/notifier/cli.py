@@ -104,10 +104,10 @@ def notifier_upgrade_queues(args: argparse.Namespace) -> int:
     import pika
 
     from services.notifier import queue_admin
-    from shared.bus import BusNames
+    from shared.bus import BusNames, node_parameters
 
     config = _engine_config()
-    connection = pika.BlockingConnection(pika.URLParameters(config.amqp_url or ""))
+    connection = pika.BlockingConnection(node_parameters(config.amqp_url or ""))
     try:
         replaced = queue_admin.upgrade(
             connection, BusNames.from_env().prefix, say=lambda line: print(line, flush=True)

@@ -38,7 +38,7 @@ from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
 from shared import logs, topology
 from shared.backoff import Backoff
-from shared.bus import BusNames, declare_events_exchange
+from shared.bus import BusNames, declare_events_exchange, node_parameters, rotated
 from shared.db import Database
 from shared.timefmt import utcnow
 
@@ -214,11 +214,13 @@ class EventConsumer:
         self.metrics = metrics
         self.names = names
         self.prefetch = prefetch
-        self.params = pika.URLParameters(ctx.config.amqp_url)
-        self.params.socket_timeout = 5
-        self.params.client_properties = {
-            "connection_name": f"settle notifier consumer {names.prefix}".strip()
-        }
+        #: The cluster's nodes: each reconnect begins with the node after the one lost.
+        self.nodes = node_parameters(ctx.config.amqp_url)
+        for params in self.nodes:
+            params.client_properties = {
+                "connection_name": f"settle notifier consumer {names.prefix}".strip()
+            }
+        self.node = 0
         self.db_backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         #: Set once `run` is told to stop: a batch the database refuses is requeued then.
         self.stopping = threading.Event()
@@ -232,7 +234,7 @@ class EventConsumer:
         while not stop.is_set():
             connection = None
             try:
-                connection = pika.BlockingConnection(self.params)
+                connection = pika.BlockingConnection(rotated(self.nodes, self.node))
                 channel = connection.channel()
                 declare_topology(channel, names)
                 channel.basic_qos(prefetch_count=self.prefetch)
@@ -258,6 +260,7 @@ class EventConsumer:
                     if stop.is_set():
                         break
             except (pika.exceptions.AMQPError, OSError) as err:
+                self.node += 1
                 delay = backoff.next()
                 log.warning("RabbitMQ unavailable (%r); reconnecting in %.1fs", err, delay)
                 stop.wait(delay)

@@ -29,7 +29,7 @@ from services.notifier.models import (
     Delivery,
     Endpoint,
 )
-from shared.bus import BusNames
+from shared.bus import BusNames, node_parameters
 from shared.db import Database
 from shared.metrics import CachedCollector
 from shared.timefmt import utcnow
@@ -220,10 +220,10 @@ class DeadLetterCollector(Collector):
     is the name without SETTLE_AMQP_PREFIX."""
 
     def __init__(self, amqp_url: str, names: BusNames) -> None:
-        self._params = pika.URLParameters(amqp_url)
-        self._params.socket_timeout = 5
-        self._params.blocked_connection_timeout = 5
-        self._params.client_properties = {"connection_name": "settle notifier metrics"}
+        self._nodes = node_parameters(amqp_url)
+        for params in self._nodes:
+            params.blocked_connection_timeout = 5
+            params.client_properties = {"connection_name": "settle notifier metrics"}
         self._prefix = names.prefix
         self._queues = (NOTIFIER_DEAD_QUEUE, xq_name(FIRST_QUEUE), xq_name(RETRY_QUEUE))
 
@@ -233,7 +233,7 @@ class DeadLetterCollector(Collector):
             "Messages waiting in a dead-letter queue (refused events, delivery jobs that raised)",
             labels=["queue"],
         )
-        connection = pika.BlockingConnection(self._params)
+        connection = pika.BlockingConnection(self._nodes)
         try:
             channel = connection.channel()
             for queue in self._queues:
