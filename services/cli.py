@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "notifier": ("services.notifier.cli", "notifier processes"),
     "deliveries": ("services.notifier.ops", "webhook deliveries (ops)"),
     "endpoints": ("services.notifier.ops", "webhook endpoints (ops)"),
+    "sla": ("services.notifier.ops", "delivery SLA per tenant and endpoint (ops)"),
     "keys": ("services.keys", "deposit keys for a deployment"),
     "reconcile": (
         "services.reconcile",

@@ -14,13 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from services import output
-from services.notifier import deliveries, disabled_endpoints, webhook_endpoints
+from services.notifier import deliveries, disabled_endpoints, sla, webhook_endpoints
 from services.notifier.api.schemas import (
     DeliveryDetailEnvelopeSchema,
     DeliveryEnvelopeSchema,
     DeliveryListSchema,
     EndpointEnvelopeSchema,
     EndpointListSchema,
+    EndpointStatsSchema,
     delivery_detail,
     endpoint_out,
 )
@@ -30,7 +31,7 @@ from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED, PENDI
 from shared.audit.log import Actor, Change, record
 from shared.errors import ApiError
 from shared.events import EVENT_TYPES
-from shared.timefmt import parse_iso, utcnow
+from shared.timefmt import iso_ms, parse_iso, utcnow
 
 #: Builds the context a command runs with (tests pass their own).
 ContextFactory = Callable[[], NotifierContext]
@@ -162,6 +163,53 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
     return run
 
 
+def _since(text: str) -> Any:
+    try:
+        return sla.parse_since(text, utcnow())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--since {text!r}: {exc}") from None
+
+
+def _short(value: float | None, scale: float = 1.0, digits: int = 3) -> str | None:
+    return None if value is None else f"{value * scale:.{digits}f}"
+
+
+def _row(stats: sla.EndpointStats) -> dict[str, Any]:
+    """One line of the table: the same figures, in short columns."""
+    return {
+        "tenant": stats.tenant_id,
+        "endpoint": stats.endpoint_id,
+        "name": stats.endpoint_name,
+        "deliveries": stats.deliveries,
+        "succeeded": stats.succeeded,
+        "failed": stats.failed,
+        "exhausted": stats.exhausted,
+        "pending": stats.pending,
+        "success_%": _short(stats.success_rate, 100, 2),
+        "first_p50_s": _short(stats.first_attempt_latency_p50_seconds),
+        "first_p99_s": _short(stats.first_attempt_latency_p99_seconds),
+        "commit_p50_s": _short(stats.commit_to_success_p50_seconds),
+        "commit_p99_s": _short(stats.commit_to_success_p99_seconds),
+        "oldest_pending_s": _short(stats.oldest_pending_age_seconds, digits=0),
+    }
+
+
+def sla_report(ctx: NotifierContext, args: argparse.Namespace) -> int:
+    """Every endpoint's delivery SLA (of one tenant with --tenant) since --since."""
+    until = utcnow()
+    since = args.since if args.since is not None else sla.parse_since(sla.DEFAULT_SINCE, until)
+    with ctx.db.reader() as session:
+        found = sla.endpoint_stats(session, since=since, until=until, tenant_id=args.tenant)
+    window = {"since": iso_ms(since), "until": iso_ms(until)}
+    if output.wants_json():
+        schema = EndpointStatsSchema()
+        rows = [{"tenantId": s.tenant_id, **schema.dump(s)} for s in found]
+        output.emit({**window, "endpoints": rows})
+    else:
+        output.emit({**window, "endpoints": [_row(s) for s in found] or "(none)"})
+    return 0
+
+
 def _command(
     fn: Callable[[NotifierContext, argparse.Namespace], int], make_context: ContextFactory
 ) -> Callable[[argparse.Namespace], int]:
@@ -186,7 +234,7 @@ def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     make_context: ContextFactory = _default_context,
 ) -> None:
-    """Add `deliveries list|show|replay` and `endpoints list|disable|enable`."""
+    """Add `deliveries list|show|replay`, `endpoints list|disable|enable` and `sla`."""
     group = sub.add_parser("deliveries", help="webhook deliveries (ops)")
     actions = group.add_subparsers(dest="action", required=True)
 
@@ -235,3 +283,18 @@ def register(
         p.add_argument("endpoint_id")
         p.add_argument("--tenant", help="refuse unless it is this tenant's")
         p.set_defaults(func=_command(_set_status(status), make_context))
+
+    p = sub.add_parser(
+        "sla",
+        help="delivery SLA per tenant and endpoint: counts, success rate, p50/p99 of "
+        "first-attempt latency and commit-to-success time, oldest pending",
+    )
+    p.add_argument(
+        "--since",
+        type=_since,
+        default=None,
+        help=f"deliveries made since: 7d, 24h, 30m (s, m, h, d, w) or an ISO 8601 time "
+        f"(default {sla.DEFAULT_SINCE})",
+    )
+    p.add_argument("--tenant", help="only this tenant's endpoints")
+    p.set_defaults(func=_command(sla_report, make_context))

@@ -595,11 +595,18 @@ def test_the_overview_shows_health_attention_and_recent_deposits(
     )
     # When a viewer opens the overview
     sign_in(page, portal, "viewer")
-    # Then each endpoint's health shows its success rate and last failure
+    # Then each endpoint's health shows its success rate and last failure, the figures
+    # of the stats API (the same numbers as `settle sla`)
     health = page.get_by_role("table", name="Delivery health per endpoint")
     down_row = health.get_by_role("row").filter(has_text=down["name"])
     assert "0%" in down_row.inner_text()
     assert down_row.locator("time").count() == 1  # the last failure, with its time
+    stats = portal.call("GET", f"/v1/webhook-endpoints/{down['id']}/stats?since=7d")["stats"]
+    headers = health.get_by_role("columnheader").all_inner_texts()
+    cells = dict(zip(headers, down_row.get_by_role("cell").all_inner_texts(), strict=True))
+    assert cells["Deliveries"] == str(stats["deliveries"]) == "1"
+    assert cells["Gave up"] == str(stats["exhausted"]) == "1"
+    assert cells["Pending"] == "0" and cells["Oldest pending"] == "—"
     assert "100%" in health.get_by_role("row").filter(has_text=up["name"]).inner_text()
     assert "disabled" in health.get_by_role("row").filter(has_text=off["name"]).inner_text()
     # And what needs attention: the disabled endpoint and the deposits in review

@@ -298,6 +298,13 @@ ROUTES: dict[tuple[str, str, str], Route] = {
         "viewer",
         isolation="not_found",
     ),
+    (NOTIFIER, "GET", "/v1/webhook-endpoints/<endpointId>/stats"): Route(
+        "tenant",
+        "/v1/webhook-endpoints/{endpoint}/stats",
+        "webhooks:read",
+        "viewer",
+        isolation="not_found",
+    ),
     (NOTIFIER, "PATCH", "/v1/webhook-endpoints/<endpointId>"): Route(
         "tenant",
         "/v1/webhook-endpoints/{endpoint}",

@@ -6,7 +6,7 @@ from typing import Any
 
 from flask.views import MethodView
 
-from services.notifier import deliveries, disabled_endpoints, webhook_endpoints
+from services.notifier import deliveries, disabled_endpoints, sla, webhook_endpoints
 from services.notifier.api.access import READ, WRITE, tenant_id
 from services.notifier.api.schemas import (
     BAD_KEY,
@@ -19,15 +19,17 @@ from services.notifier.api.schemas import (
     EndpointEnvelopeSchema,
     EndpointListSchema,
     EndpointPatchSchema,
+    EndpointStatsEnvelopeSchema,
     EndpointWithSecretSchema,
     RecoverSchema,
     RotateSecretSchema,
     SendTestSchema,
+    StatsArgs,
     endpoint_out,
 )
 from services.notifier.context import notifier
 from services.notifier.models import NotifierIdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, ListArgs
+from shared.api import Blueprint, ErrorSchema, ListArgs, field_error
 from shared.audit.log import Change, record_request
 from shared.idempotency import idempotent
 from shared.identity import auth
@@ -165,6 +167,30 @@ class WebhookEndpoint(MethodView):
             record_request(
                 session, Change("webhook_endpoint.deleted", "webhook_endpoint", endpoint.id, before)
             )
+
+
+@blp.route("/webhook-endpoints/<endpointId>/stats")
+class EndpointStats(MethodView):
+    @auth.requires(blp, READ)
+    @blp.arguments(StatsArgs, location="query")
+    @blp.response(200, EndpointStatsEnvelopeSchema)
+    @blp.alt_response(
+        400,
+        schema=ErrorSchema,
+        description="invalid_request (`since` is not a duration or a past time)",
+    )
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint")
+    def get(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
+        """The endpoint's delivery SLA since a time: counts by outcome, success rate,
+        p50/p99 of first-attempt latency and of commit-to-success time, oldest pending."""
+        now = utcnow()
+        try:
+            since = sla.parse_since(args["since"], now)
+        except ValueError as exc:
+            raise field_error("since", str(exc)) from None
+        with notifier().db.reader() as session:
+            endpoint = webhook_endpoints.get_endpoint(session, tenant_id(), endpointId)
+            return {"stats": sla.one_endpoint(session, endpoint, since=since, until=now)}
 
 
 @blp.route("/webhook-endpoints/<endpointId>/rotate-secret")

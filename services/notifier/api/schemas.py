@@ -18,6 +18,7 @@ from services.notifier.models import (
     Endpoint,
 )
 from services.notifier.sender import BASE_HEADERS
+from services.notifier.sla import DEFAULT_SINCE
 from services.notifier.urls import MAX_URL_LENGTH
 from services.notifier.webhook_endpoints import (
     DEFAULT_SECRET_OVERLAP_S,
@@ -272,6 +273,73 @@ class EndpointWithSecretSchema(Schema):
 class EndpointListSchema(Schema):
     webhook_endpoints = ma.fields.List(ma.fields.Nested(EndpointSchema), required=True)
     next_cursor = ma.fields.String(required=True, allow_none=True)
+
+
+class StatsArgs(Schema):
+    """Query of GET /v1/webhook-endpoints/{endpointId}/stats."""
+
+    since = ma.fields.String(
+        load_default=DEFAULT_SINCE,
+        validate=ma.validate.Length(min=1, max=64),
+        metadata={
+            "description": "Deliveries made since: a duration back from now (`7d`, `24h`, "
+            "`30m`; s, m, h, d, w) or an ISO 8601 time in the past. Default `7d`.",
+            "example": "7d",
+        },
+    )
+
+
+def _seconds(description: str) -> ma.fields.Float:
+    return ma.fields.Float(required=True, allow_none=True, metadata={"description": description})
+
+
+class EndpointStatsSchema(Schema):
+    """An endpoint's delivery SLA over a window (services/notifier/sla.py)."""
+
+    endpoint_id = ma.fields.String(required=True)
+    endpoint_name = ma.fields.String(required=True)
+    since = Timestamp(required=True, metadata={"description": "Deliveries made from ..."})
+    until = Timestamp(required=True, metadata={"description": "... until (now)."})
+    deliveries = ma.fields.Integer(
+        required=True,
+        metadata={"description": "Made in the window: succeeded + failed + pending + skipped."},
+    )
+    succeeded = ma.fields.Integer(required=True)
+    failed = ma.fields.Integer(
+        required=True, metadata={"description": "Finished without success (status failed)."}
+    )
+    exhausted = ma.fields.Integer(
+        required=True,
+        metadata={
+            "description": "Of the failed, those that gave up after the retry schedule (the "
+            "rest stopped because the endpoint was deleted)."
+        },
+    )
+    pending = ma.fields.Integer(
+        required=True, metadata={"description": "Not finished yet (pending or retrying)."}
+    )
+    skipped = ma.fields.Integer(
+        required=True, metadata={"description": "Kept while the endpoint was disabled."}
+    )
+    success_rate = ma.fields.Float(
+        required=True,
+        allow_none=True,
+        metadata={"description": "succeeded / (succeeded + failed), 0..1; null: none finished."},
+    )
+    first_attempt_latency_p50_seconds = _seconds("Median time of first attempts (to the answer).")
+    first_attempt_latency_p99_seconds = _seconds("99th percentile of the same.")
+    commit_to_success_p50_seconds = _seconds(
+        "Median time from the event's commit (createdAt) to its delivery's success (replays "
+        "left out)."
+    )
+    commit_to_success_p99_seconds = _seconds("99th percentile of the same.")
+    oldest_pending_age_seconds = _seconds(
+        "Age of the oldest delivery of the window still pending; null: none."
+    )
+
+
+class EndpointStatsEnvelopeSchema(Schema):
+    stats = ma.fields.Nested(EndpointStatsSchema, required=True)
 
 
 # -- deliveries ---------------------------------------------------------------------

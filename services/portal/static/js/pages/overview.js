@@ -4,25 +4,39 @@ import { api } from "../api.js";
 import { badge, code, h, section, table, time } from "../ui.js";
 import { allEndpoints, chainList, chainName } from "./shared.js";
 
-//: Deliveries per endpoint the health figures are computed over.
-const SAMPLE = 200;
+//: The window of the delivery figures: the same numbers as
+//: GET /v1/webhook-endpoints/{id}/stats and `settle sla` (services/notifier/sla.py).
+const WINDOW = "7d";
+//: Recent deliveries looked at for an endpoint's last failure.
+const RECENT = 50;
 
 async function health(endpoint) {
-  const body = await api(
-    "GET",
-    `/v1/webhook-deliveries?endpointId=${encodeURIComponent(endpoint.id)}&limit=${SAMPLE}`,
-  );
-  const list = body.webhookDeliveries;
-  const finished = list.filter((d) => d.status === "succeeded" || d.status === "failed");
-  const succeeded = finished.filter((d) => d.status === "succeeded").length;
-  const lastFailure = list.find((d) => d.lastError && d.status !== "succeeded");
+  const id = encodeURIComponent(endpoint.id);
+  const [stats, recent] = await Promise.all([
+    api("GET", `/v1/webhook-endpoints/${id}/stats?since=${WINDOW}`),
+    api("GET", `/v1/webhook-deliveries?endpointId=${id}&limit=${RECENT}`),
+  ]);
+  const lastFailure = recent.webhookDeliveries.find((d) => d.lastError && d.status !== "succeeded");
   return {
     endpoint,
-    looked: list.length,
-    rate: finished.length ? Math.round((1000 * succeeded) / finished.length) / 10 : null,
+    stats: stats.stats,
     lastFailureAt: lastFailure ? lastFailure.lastAttemptAt : null,
     lastError: lastFailure ? lastFailure.lastError : null,
   };
+}
+
+/** 0.9731 -> "97.3%"; null -> "—". */
+function percent(rate) {
+  return rate === null ? "—" : `${Math.round(rate * 1000) / 10}%`;
+}
+
+/** Seconds for a person: "85 ms", "2.4 s", "3 min", "2.5 h"; null -> "—". */
+function duration(seconds) {
+  if (seconds === null) return "—";
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 60) return `${Math.round(seconds * 10) / 10} s`;
+  if (seconds < 3600) return `${Math.round(seconds / 60)} min`;
+  return `${Math.round(seconds / 360) / 10} h`;
 }
 
 /** "1 deposit in manual review", "50+ deposits in manual review" (more pages exist). */
@@ -68,14 +82,22 @@ export async function render(root) {
     ),
     section(
       "Delivery health",
-      h("p", { class: "muted" }, `Over each endpoint's last ${SAMPLE} deliveries.`),
+      h("p", { class: "muted" },
+        "Deliveries made in the last 7 days (GET /v1/webhook-endpoints/{id}/stats). Success rate: of the finished ones; latency: first attempts; commit to success: from the event to its delivery."),
       table("Delivery health per endpoint", [
         { label: "Endpoint", render: (r) => h("a", { href: `#/endpoints/${r.endpoint.id}` }, r.endpoint.name) },
         { label: "Status", render: (r) => badge(r.endpoint.status) },
-        { label: "Success rate", render: (r) => (r.rate === null ? "—" : `${r.rate}%`) },
+        { label: "Success rate", render: (r) => percent(r.stats.successRate) },
+        { label: "Deliveries", render: (r) => String(r.stats.deliveries) },
+        { label: "Gave up", render: (r) => String(r.stats.exhausted) },
+        { label: "Pending", render: (r) => String(r.stats.pending) },
+        { label: "Latency p50 / p99", render: (r) =>
+          `${duration(r.stats.firstAttemptLatencyP50Seconds)} / ${duration(r.stats.firstAttemptLatencyP99Seconds)}` },
+        { label: "Commit to success p50 / p99", render: (r) =>
+          `${duration(r.stats.commitToSuccessP50Seconds)} / ${duration(r.stats.commitToSuccessP99Seconds)}` },
+        { label: "Oldest pending", render: (r) => duration(r.stats.oldestPendingAgeSeconds) },
         { label: "Last failure", time: "lastFailureAt", render: (r) => time(r.lastFailureAt) },
         { label: "Last error", render: (r) => (r.lastError ? code(r.lastError) : "—") },
-        { label: "Deliveries", render: (r) => String(r.looked) },
       ], healths, { empty: "No webhook endpoints yet." }),
     ),
     section(
