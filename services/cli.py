@@ -32,7 +32,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "notifier": ("services.notifier.cli", "notifier processes"),
     "deliveries": ("services.notifier.ops", "webhook deliveries (ops)"),
     "endpoints": ("services.notifier.ops", "webhook endpoints (ops)"),
-    "sla": ("services.notifier.ops", "delivery SLA per tenant and endpoint (ops)"),
+    "sla": (
+        "services.notifier.ops",
+        "delivery SLA per tenant and endpoint: counts, success rate, p50/p99 of "
+        "first-attempt latency and commit-to-success time, oldest pending",
+    ),
     "keys": ("services.keys", "deposit keys for a deployment"),
     "reconcile": (
         "services.reconcile",

@@ -999,6 +999,7 @@ def test_status_and_openapi_are_public_and_complete(notifier_client: FlaskClient
         ("post", "/v1/webhook-endpoints/{endpointId}/rotate-secret"): "webhooks:write",
         ("post", "/v1/webhook-endpoints/{endpointId}/test"): "webhooks:write",
         ("post", "/v1/webhook-endpoints/{endpointId}/recover"): "webhooks:write",
+        ("get", "/v1/webhook-endpoints/{endpointId}/stats"): "webhooks:read",
         ("get", "/v1/webhook-deliveries"): "webhooks:read",
         ("get", "/v1/webhook-deliveries/{deliveryId}"): "webhooks:read",
         ("post", "/v1/webhook-deliveries/{deliveryId}/replay"): "webhooks:write",
