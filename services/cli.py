@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "paid only what Settle recorded (exit 1 if not)",
     ),
     "incidents": ("services.core.deposits.cli", "chain incidents Settle raised (ops)"),
+    "prune": (
+        "services.prune",
+        "drop data past its retention (old partitions), as JSON (--dry-run: only say what)",
+    ),
     "doctor": ("services.doctor", "check this deployment's wiring (exit 1 names a failure)"),
     "sweep": (
         "services.core.sweeps.cli",

@@ -54,3 +54,9 @@ def ulid_text(raw: bytes) -> str:
         raise ValueError("a ULID is 16 bytes")
     value = int.from_bytes(raw, "big")
     return "".join(_ALPHABET[(value >> (5 * i)) & 31] for i in range(25, -1, -1))
+
+
+def ulid_time_prefix(ms: int) -> str:
+    """The first 10 characters of every ULID made at millisecond `ms` (its clock part):
+    ids made before `ms` sort below it, ids made at or after it at or above."""
+    return ulid(ms)[:10]

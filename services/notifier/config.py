@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.notifier.retention import WebhookRetention
+from shared.partitions import PartitionSettings
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     SettingsError,
@@ -81,6 +83,10 @@ class NotifierConfig:
     #: The RabbitMQ user core's relay publishes as: events with another AMQP user_id are
     #: dead-lettered (services/notifier/trust.py). guest suits dev and tests only.
     core_amqp_user: str = "guest"
+    #: How long events, deliveries and attempts are kept (their partitions dropped after).
+    retention: WebhookRetention = field(default_factory=WebhookRetention)
+    #: Partition length, how many are made ahead, how often (shared.partitions).
+    partitions: PartitionSettings = field(default_factory=PartitionSettings)
 
     @property
     def is_dev(self) -> bool:
@@ -146,6 +152,8 @@ class NotifierConfig:
             prefetch=_count(env, "SETTLE_NOTIFIER_PREFETCH", 64),
             rate_limits=RateLimitConfig.from_env(env),
             core_amqp_user=core_amqp_user or "guest",
+            retention=WebhookRetention.from_env(env),
+            partitions=PartitionSettings.from_env(env),
         )
 
 

@@ -28,6 +28,7 @@ from services.notifier.models import (
     Attempt,
     Delivery,
     StoredEvent,
+    StoredEventId,
 )
 from services.notifier.webhook_endpoints import is_plausible_id
 from shared import event_catalog, events
@@ -107,13 +108,32 @@ def event_row(
     }
 
 
-#: Store an event once: a redelivered id inserts nothing (and returns no row).
-_INSERT_EVENT = (
-    postgresql.insert(StoredEvent)
-    .values({name: sa.bindparam(name) for name in _EVENT_COLUMNS})
-    .on_conflict_do_nothing(index_elements=["id"])
-    .returning(StoredEvent.id)
-)
+def _insert_event() -> sa.Insert:
+    """Store an event once: a redelivered id inserts nothing (and returns no row).
+
+    The id goes first into `notifier_event_ids`, unique across the events' partitions;
+    the event row is written only when that id was new (one statement, a CTE).
+    """
+    table: sa.Table = StoredEvent.__table__  # type: ignore[assignment]
+    seen = (
+        postgresql.insert(StoredEventId)
+        .values(id=sa.bindparam("id"), received_at=sa.bindparam("received_at"))
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(StoredEventId.id)
+        .cte("seen")
+    )
+    values = sa.select(
+        *(sa.bindparam(name, type_=table.c[name].type) for name in _EVENT_COLUMNS)
+    ).select_from(seen)
+    return (
+        sa.insert(StoredEvent)
+        .from_select(list(_EVENT_COLUMNS), values)
+        .add_cte(seen)
+        .returning(StoredEvent.id)
+    )
+
+
+_INSERT_EVENT = _insert_event()
 
 
 def store_event(

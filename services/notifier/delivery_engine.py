@@ -35,12 +35,14 @@ from services.notifier.delivery_store import DeliveryStore
 from services.notifier.dramatiq_worker import QuietWorker
 from services.notifier.limiter import EndpointLimiter, share_of
 from services.notifier.metrics import NotifierMetrics
+from services.notifier.retention import partitioned_tables
 from services.notifier.retry_policy import DeliveryTuning
 from services.notifier.secret_cache import SecretCache
 from services.notifier.sender import Sender
 from services.notifier.sweeper import Sweeper
 from shared.bus import BusNames, InProcessBus
 from shared.db import Database
+from shared.partitions import Maintainer
 from shared.settings import environ
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,11 @@ class DeliveryEngine:
             grace_s=settings.sweep_grace_s,
             batch=settings.sweep_batch,
         )
+
+
+def maintainer(config: NotifierConfig, db: Database) -> Maintainer:
+    """The partition maintenance step (made ahead, old ones dropped), hourly by default."""
+    return Maintainer(db.engine, partitioned_tables(config.retention), config.partitions)
 
 
 def build_engine(
@@ -245,7 +252,13 @@ def run_consume(engine: DeliveryEngine, stop: threading.Event) -> int:
         thread.start()
         return thread
 
-    threads = [guarded(consumer.run, "event-consumer"), guarded(sweeper.run, "sweeper")]
+    maintenance = maintainer(engine.ctx.config, engine.ctx.db)
+    threads = [
+        guarded(consumer.run, "event-consumer"),
+        guarded(sweeper.run, "sweeper"),
+        # Errors inside a round are logged and retried next round (never fatal).
+        guarded(maintenance.run, "partitions"),
+    ]
     stop.wait()
     for thread in threads:
         thread.join(STOP_TIMEOUT_S)
@@ -262,6 +275,7 @@ class EmbeddedEngine:
     worker: dramatiq.Worker
     stop_event: threading.Event
     sweeper: threading.Thread
+    maintenance: threading.Thread | None = None
 
     @property
     def ctx(self) -> NotifierContext:
@@ -271,6 +285,8 @@ class EmbeddedEngine:
         self.stop_event.set()
         self.worker.stop(timeout=int(STOP_TIMEOUT_S * 1000))
         self.sweeper.join(STOP_TIMEOUT_S)
+        if self.maintenance is not None:
+            self.maintenance.join(STOP_TIMEOUT_S)
 
 
 def start_embedded(
@@ -295,5 +311,9 @@ def start_embedded(
         target=engine.sweeper().run, args=(stop,), name="sweeper", daemon=True
     )
     sweeper.start()
+    maintenance = threading.Thread(
+        target=maintainer(config, engine.ctx.db).run, args=(stop,), name="partitions", daemon=True
+    )
+    maintenance.start()
     bus = InProcessBus(inprocess_handler(engine.ctx))
-    return EmbeddedEngine(engine, bus, worker, stop, sweeper)
+    return EmbeddedEngine(engine, bus, worker, stop, sweeper, maintenance)

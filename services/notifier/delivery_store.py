@@ -37,6 +37,7 @@ from services.notifier.models import (
     Delivery,
     Endpoint,
     StoredEvent,
+    StoredEventId,
 )
 from shared.db import Database, DriverStatement
 
@@ -121,7 +122,11 @@ def _claim_statement() -> sa.Update:
                 Delivery.next_attempt_at.is_(None),
                 Delivery.next_attempt_at <= sa.bindparam("due_by"),
             ),
-            StoredEvent.id == Delivery.event_id,
+            # Through the event's id row: its received_at names the one partition of
+            # notifier_events to read (pruned at run time, not a probe of each).
+            StoredEventId.id == Delivery.event_id,
+            StoredEvent.id == StoredEventId.id,
+            StoredEvent.received_at == StoredEventId.received_at,
             Endpoint.id == Delivery.endpoint_id,
         )
         .values(lease_until=sa.bindparam("lease"), attempt_count=Delivery.attempt_count + 1)

@@ -27,11 +27,30 @@ class NotifierBase(DeclarativeBase):
     pass
 
 
+class StoredEventId(NotifierBase):
+    """The id of every stored event, unique across the events' partitions (a unique
+    index on the partitioned table must include its key); see retention.py."""
+
+    __tablename__ = "notifier_event_ids"
+    __table_args__ = (sa.Index("ix_notifier_event_ids_received_at", "received_at"),)
+
+    id: Mapped[str] = mapped_column(sa.String(120), primary_key=True)
+    #: The stored event's received_at: its partition.
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class StoredEvent(NotifierBase):
-    """A domain event, stored once (its id is the primary key)."""
+    """A domain event, stored once (its id in StoredEventId).
+
+    Partitioned by received_at (notifier_0004): the table's primary key is (id,
+    received_at); the id alone is unique by StoredEventId.
+    """
 
     __tablename__ = "notifier_events"
-    __table_args__ = (sa.Index("ix_notifier_events_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        sa.Index("ix_notifier_events_tenant_created", "tenant_id", "created_at"),
+        {"postgresql_partition_by": "RANGE (received_at)"},
+    )
 
     id: Mapped[str] = mapped_column(sa.String(120), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(sa.String(36))
@@ -83,7 +102,10 @@ class Endpoint(NotifierBase):
 
 
 class Delivery(NotifierBase):
-    """One event to one endpoint; retried until it succeeds or the schedule runs out."""
+    """One event to one endpoint; retried until it succeeds or the schedule runs out.
+
+    Partitioned by id (notifier_0004): ids sort by creation, a day of them is a range.
+    """
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
@@ -91,12 +113,15 @@ class Delivery(NotifierBase):
         sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
         sa.Index("ix_deliveries_endpoint", "endpoint_id", "created_at"),
         sa.Index("ix_deliveries_event", "event_id"),
+        {"postgresql_partition_by": "RANGE (id)"},
     )
 
-    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    #: Collation "C": partition bounds compare byte by byte.
+    id: Mapped[str] = mapped_column(sa.String(40, collation="C"), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(sa.String(36))
     endpoint_id: Mapped[str] = mapped_column(sa.ForeignKey("webhook_endpoints.id"))
-    event_id: Mapped[str] = mapped_column(sa.ForeignKey("notifier_events.id"))
+    #: The event (no foreign key: events are partitioned, and pruned on their own clock).
+    event_id: Mapped[str] = mapped_column(sa.String(120))
     event_type: Mapped[str] = mapped_column(sa.String(60))
     status: Mapped[str] = mapped_column(sa.String(20), default=PENDING)
     attempt_count: Mapped[int] = mapped_column(sa.Integer, default=0)
@@ -115,13 +140,20 @@ class Delivery(NotifierBase):
 
 
 class Attempt(NotifierBase):
-    """One HTTP attempt of a delivery, as it happened."""
+    """One HTTP attempt of a delivery, as it happened.
+
+    Partitioned by delivery id, with the deliveries' ranges (notifier_0004): a
+    delivery's attempts live in the partition of the day it was made.
+    """
 
     __tablename__ = "webhook_attempts"
-    __table_args__ = (sa.Index("ix_attempts_delivery", "delivery_id", "number"),)
+    __table_args__ = (
+        sa.Index("ix_attempts_delivery", "delivery_id", "number"),
+        {"postgresql_partition_by": "RANGE (delivery_id)"},
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    delivery_id: Mapped[str] = mapped_column(sa.ForeignKey("webhook_deliveries.id"))
+    delivery_id: Mapped[str] = mapped_column(sa.String(40, collation="C"))
     number: Mapped[int] = mapped_column(sa.Integer)
     attempted_at: Mapped[datetime] = mapped_column(UTCDateTime)
     response_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)

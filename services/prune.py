@@ -1,0 +1,62 @@
+"""`settle prune [--dry-run]`: drop the partitions past their retention, now, as JSON.
+
+The workers do this every hour on their own (shared.partitions.Maintainer); the
+command is for ops: see what a prune drops (`--dry-run` drops nothing) or free disk
+at once after shortening a retention. Retentions and the partition length come from
+the same settings the workers read (docs/RUNBOOK.md, "Bounded data").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from shared.partitions import PartitionedTable, PruneReport
+
+
+def targets(env: Mapping[str, str]) -> list[tuple[str, Sequence[PartitionedTable]]]:
+    """Each database and its partitioned tables (core's and the notifier's may differ)."""
+    from services.notifier.config import NotifierConfig
+    from services.notifier.retention import partitioned_tables
+
+    notifier = NotifierConfig.from_env(env)
+    return [(notifier.database_url, partitioned_tables(notifier.retention))]
+
+
+def prune_all(
+    env: Mapping[str, str],
+    *,
+    dry_run: bool,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> PruneReport:
+    from shared import partitions
+    from shared.db import make_engine
+
+    now = clock()
+    report = PruneReport(dry_run, now)
+    for url, specs in targets(env):
+        engine = make_engine(url, pool_size=1)
+        try:
+            report.extend(partitions.prune(engine, specs, now, dry_run=dry_run))
+        finally:
+            engine.dispose()
+    return report
+
+
+def prune(args: argparse.Namespace) -> int:
+    import os
+
+    print(json.dumps(prune_all(dict(os.environ), dry_run=args.dry_run).as_json(), indent=2))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "prune", help="drop data past its retention, as JSON (--dry-run: only say what)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be dropped; drop nothing"
+    )
+    p.set_defaults(func=prune)

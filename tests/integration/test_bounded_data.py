@@ -1,0 +1,330 @@
+"""Bounded data (issue 24): partitioned tables, dropped whole past their retention.
+
+Each test has its own database (pruning drops tables other tests would read), kept
+at one-day partitions made for the past days as a notifier running for a week has
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from services import cli
+from services.notifier import fanout
+from services.notifier.consumer import store_events
+from services.notifier.retention import WebhookRetention, partitioned_tables
+from shared import components, events, migrate, partitions
+from shared.db import Database
+from shared.ids import ulid
+from tests.support.services import create_database, drop_database
+
+pytestmark = pytest.mark.integration
+
+DAY = timedelta(days=1)
+ONE_DAY = WebhookRetention(attempts=DAY, deliveries=DAY, events=DAY)
+SETTINGS = partitions.PartitionSettings(days=1, ahead=2)
+TENANT = "ten_bounded"
+ENDPOINT = "we_bounded"
+
+
+@pytest.fixture
+def db() -> Iterator[Database]:
+    name = f"settle_test_bounded_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    migrate.upgrade(components.IDENTITY, url)
+    migrate.upgrade(components.NOTIFIER, url)
+    database = Database(url, pool_size=2)
+    try:
+        with database.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO webhook_endpoints (id, tenant_id, name, url, event_types, "
+                    "status, secret_encrypted, created_at, updated_at) VALUES (:id, :t, 'n', "
+                    "'https://example.com/h', :types, 'enabled', 'x', now(), now())"
+                ),
+                {"id": ENDPOINT, "t": TENANT, "types": json.dumps([events.DEPOSIT_CREDITED])},
+            )
+        yield database
+    finally:
+        database.dispose()
+        drop_database(name)
+
+
+def past_partitions(db: Database, days: int, now: datetime) -> None:
+    """The partitions a notifier running for `days` days has made (one a day)."""
+    for spec in partitioned_tables(ONE_DAY):
+        first = now - days * DAY
+        with db.engine.begin() as conn:
+            there = partitions.existing(conn, spec)
+            for partition in partitions.span(spec, first, now, SETTINGS):
+                if not any(p.name == partition.name for p in there):
+                    partitions.create(conn, spec, partition)
+
+
+def event_at(db: Database, at: datetime) -> tuple[str, list[str]]:
+    """An event received at `at`, fanned out to the endpoint (a delivery made at `at`)."""
+    envelope = events.envelope(events.DEPOSIT_CREDITED, TENANT, {"n": 1}, created_at=at)
+    (handled,) = store_events(db, [events.encode(envelope)], now=at)
+    return envelope["id"], handled.delivery_ids
+
+
+def delivery_at(db: Database, event_id: str, at: datetime) -> str:
+    """A delivery of `event_id` made at `at` (its id says so), with one attempt."""
+    row = fanout.pending(TENANT, event_id, events.DEPOSIT_CREDITED, ENDPOINT, at)
+    row["id"] = f"whd_{ulid(int(at.timestamp() * 1000))}"
+    with db.driver_transaction() as conn:
+        fanout.insert_deliveries(db, conn, [row])
+    with db.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO webhook_attempts (delivery_id, number, attempted_at) "
+                "VALUES (:d, 1, :at)"
+            ),
+            {"d": row["id"], "at": at},
+        )
+    return str(row["id"])
+
+
+def ids(db: Database, table: str, column: str = "id") -> set[Any]:
+    with db.engine.connect() as conn:
+        return set(conn.scalars(sa.text(f"SELECT {column} FROM {table}")))  # noqa: S608
+
+
+def partition_names(db: Database) -> set[str]:
+    names: set[str] = set()
+    with db.engine.connect() as conn:
+        for spec in partitioned_tables(ONE_DAY):
+            names.update(p.name for p in partitions.existing(conn, spec))
+    return names
+
+
+def settle_prune(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], db: Database, *argv: str
+) -> dict[str, Any]:
+    """`settle prune ...` as ops run it, with one-day retentions."""
+    monkeypatch.setenv("SETTLE_DATABASE_URL", db.url)
+    monkeypatch.setenv("SETTLE_NOTIFIER_DATABASE_URL", db.url)
+    for table in ("ATTEMPTS", "DELIVERIES", "EVENTS"):
+        monkeypatch.setenv(f"SETTLE_RETENTION_WEBHOOK_{table}_DAYS", "1")
+    capsys.readouterr()
+    assert cli.main(["prune", *argv]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_old_partitions_are_dropped_newer_rows_kept_and_the_dry_run_says_so(
+    db: Database, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a notifier that has run for five days with one-day partitions
+    now = datetime.now(UTC)
+    past_partitions(db, 5, now)
+    old_times = [now - 4 * DAY, now - 3 * DAY]
+    old = [event_at(db, at)[0] for at in old_times]
+    old_deliveries = [delivery_at(db, e, at) for e, at in zip(old, old_times, strict=True)]
+    recent_event = event_at(db, now)[0]
+    recent_delivery = delivery_at(db, recent_event, now)
+    before = partition_names(db)
+    # (fan-out made deliveries of the old events too: now, by their ids)
+    deliveries_before = ids(db, "webhook_deliveries")
+
+    # When ops ask what a prune with one-day retentions would drop
+    dry = settle_prune(monkeypatch, capsys, db, "--dry-run")
+
+    # Then it names every partition that ended at least a day ago, and drops nothing
+    cutoff = (now - DAY).date()
+    expected = {
+        p for p in before if datetime.strptime(p.rsplit("_", 1)[1], "%Y%m%d").date() <= cutoff
+    }
+    assert dry["dryRun"] is True
+    assert {p["partition"] for p in dry["partitions"]} == expected
+    assert len(expected) == 3 * 4  # three tables, days -5 .. -2 (day -1 still holds rows)
+    assert partition_names(db) == before
+    assert set(old) <= ids(db, "notifier_events")
+    seen = {r["table"]: r["rows"] for r in dry["rows"]}
+    assert seen == {"notifier_event_ids": 2}
+
+    # When ops prune
+    done = settle_prune(monkeypatch, capsys, db)
+
+    # Then exactly those partitions are gone, with their rows; the newer rows are kept
+    assert done["dryRun"] is False
+    assert [p["partition"] for p in done["partitions"]] == [
+        p["partition"] for p in dry["partitions"]
+    ]
+    assert partition_names(db) == before - expected
+    assert ids(db, "notifier_events") == {recent_event}
+    assert ids(db, "notifier_event_ids") == {recent_event}
+    kept = deliveries_before - set(old_deliveries)
+    assert recent_delivery in kept
+    assert ids(db, "webhook_deliveries") == kept
+    assert ids(db, "webhook_attempts", "delivery_id") == {recent_delivery}
+
+    # And a second prune has nothing left to drop
+    again = settle_prune(monkeypatch, capsys, db, "--dry-run")
+    assert again["partitions"] == [] and again["rows"] == []
+
+
+def test_a_redelivered_event_from_an_older_partition_is_a_no_op(db: Database) -> None:
+    # Given an event received three days ago (stored in that day's partition)
+    now = datetime.now(UTC)
+    past_partitions(db, 5, now)
+    envelope = events.envelope(events.DEPOSIT_CREDITED, TENANT, {"n": 1}, created_at=now)
+    body = events.encode(envelope)
+    (first,) = store_events(db, [body], now=now - 3 * DAY)
+    assert len(first.delivery_ids) == 1
+
+    # When core's relay sends it again today (today's partition is another table)
+    (again,) = store_events(db, [body], now=now)
+
+    # Then nothing new is stored and no delivery made
+    # (its first delivery, still due, is handed back to be sent: no new one)
+    assert again.delivery_ids == first.delivery_ids
+    with db.engine.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT tableoid::regclass::text FROM notifier_events WHERE id = :id"),
+            {"id": envelope["id"]},
+        ).all()
+        deliveries = conn.scalar(
+            sa.text("SELECT count(*) FROM webhook_deliveries WHERE event_id = :id"),
+            {"id": envelope["id"]},
+        )
+    day = (now - 3 * DAY).date()
+    assert stored == [(f"notifier_events_{day:%Y%m%d}_{day + DAY:%Y%m%d}",)]
+    assert deliveries == 1
+
+
+def test_the_maintenance_step_makes_partitions_ahead_and_moves_strays_in(db: Database) -> None:
+    # Given a row written while no partition covered its day (the worker was down)
+    now = datetime.now(UTC)
+    later = now + 10 * DAY
+    (stray, _) = event_at(db, later)
+    with db.engine.connect() as conn:
+        where = conn.scalar(
+            sa.text("SELECT tableoid::regclass::text FROM notifier_events WHERE id = :id"),
+            {"id": stray},
+        )
+    assert where == "notifier_events_default"
+
+    # When the maintenance step runs on that day
+    maintainer = partitions.Maintainer(
+        db.engine, partitioned_tables(WebhookRetention()), SETTINGS, clock=lambda: later
+    )
+    maintainer.run_once()
+
+    # Then that day and the next two have partitions, and the row moved into its own
+    names = partition_names(db)
+    for n in range(3):
+        day = (later + n * DAY).date()
+        assert f"notifier_events_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in names
+        assert f"webhook_deliveries_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in names
+    with db.engine.connect() as conn:
+        where = conn.scalar(
+            sa.text("SELECT tableoid::regclass::text FROM notifier_events WHERE id = :id"),
+            {"id": stray},
+        )
+    assert where == f"notifier_events_{later.date():%Y%m%d}_{later.date() + DAY:%Y%m%d}"
+    # And the partitions older than the default retentions, none here, are kept
+    assert {p for p in names if p.endswith(f"{(now + DAY).date():%Y%m%d}")}
+
+
+def test_migrating_a_database_at_notifier_0003_keeps_every_row() -> None:
+    # Given a notifier database at the previous head, with rows of the last weeks
+    name = f"settle_test_migrate_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    engine = sa.create_engine(url)
+    now = datetime.now(UTC)
+    try:
+        migrate.upgrade(components.IDENTITY, url)
+        migrate.upgrade(components.NOTIFIER, url, "notifier_0003")
+        times = [now - timedelta(days=d) for d in (40, 20, 1, 0)]
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO webhook_endpoints (id, tenant_id, name, url, event_types, "
+                    "status, secret_encrypted, created_at, updated_at) VALUES ('we_m', 't', "
+                    "'n', 'https://example.com/h', '[]', 'enabled', 'x', now(), now())"
+                )
+            )
+            for n, at in enumerate(times):
+                delivery = f"whd_{ulid(int(at.timestamp() * 1000))}"
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO notifier_events (id, tenant_id, event_type, body, "
+                        "created_at, received_at) VALUES (:e, 't', 'deposit.credited', '{}', "
+                        ":at, :at)"
+                    ),
+                    {"e": f"evt_m{n}", "at": at},
+                )
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO webhook_deliveries (id, tenant_id, endpoint_id, event_id, "
+                        "event_type, status, attempt_count, created_at, updated_at) VALUES "
+                        "(:d, 't', 'we_m', :e, 'deposit.credited', 'succeeded', 1, :at, :at)"
+                    ),
+                    {"d": delivery, "e": f"evt_m{n}", "at": at},
+                )
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO webhook_attempts (delivery_id, number, attempted_at) "
+                        "VALUES (:d, 1, :at)"
+                    ),
+                    {"d": delivery, "at": at},
+                )
+            before = {
+                table: conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1")).all()  # noqa: S608
+                for table in ("notifier_events", "webhook_deliveries", "webhook_attempts")
+            }
+
+        # When it is upgraded
+        migrate.upgrade(components.NOTIFIER, url)
+
+        # Then every row is there, each in its day's partition, and the ids are kept
+        with engine.begin() as conn:
+            for table, rows in before.items():
+                after = conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1")).all()  # noqa: S608
+                assert after == rows, table
+            defaults = conn.scalar(
+                sa.text(
+                    "SELECT (SELECT count(*) FROM notifier_events_default) + "
+                    "(SELECT count(*) FROM webhook_deliveries_default) + "
+                    "(SELECT count(*) FROM webhook_attempts_default)"
+                )
+            )
+            assert defaults == 0
+            seen = set(conn.scalars(sa.text("SELECT id FROM notifier_event_ids")))
+            assert seen == {f"evt_m{n}" for n in range(4)}
+            # and new attempts go on numbering after the old ones
+            next_id = conn.scalar(
+                sa.text(
+                    "INSERT INTO webhook_attempts (delivery_id, number, attempted_at) "
+                    "SELECT delivery_id, 2, now() FROM webhook_attempts LIMIT 1 RETURNING id"
+                )
+            )
+            assert next_id > max(r.id for r in before["webhook_attempts"])
+        db = Database(url, pool_size=1)
+        try:
+            # And an event stored before the upgrade, sent again, is still a no-op
+            body = events.encode(
+                events.envelope(
+                    events.DEPOSIT_CREDITED, "t", {"n": 1}, event_id="evt_m1", created_at=now
+                )
+            )
+            (handled,) = store_events(db, [body], now=now)
+            assert handled.delivery_ids == []
+            with db.engine.connect() as conn:
+                count = conn.scalar(
+                    sa.text("SELECT count(*) FROM notifier_events WHERE id = 'evt_m1'")
+                )
+            assert count == 1
+        finally:
+            db.dispose()
+    finally:
+        engine.dispose()
+        drop_database(name)
