@@ -54,7 +54,8 @@ def prune(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "prune", help="drop data past its retention, as JSON (--dry-run: only say what)"
+        "prune",
+        help="drop data past its retention (old partitions), as JSON (--dry-run: only say what)",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print what would be dropped; drop nothing"

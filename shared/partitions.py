@@ -350,6 +350,13 @@ def delete_stale_rows(engine: sa.Engine, spec: PartitionedTable, cutoff: date) -
             with engine.begin() as conn:
                 if conn.execute(sa.text(statement)).rowcount < DELETE_BATCH:
                     break
+    if spec.seen_ids is not None:
+        # The space of the ids just deleted is reused by the next days' (autovacuum
+        # would get there, later): the table stays the size of the retention's ids.
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+                sa.text(f"VACUUM {spec.seen_ids.table}")
+            )
 
 
 # -- the two operations -----------------------------------------------------------------
