@@ -8,8 +8,8 @@ dropped. Event ids are recorded in `notifier_event_ids`, which keeps them unique
 across partitions. The foreign keys between these three tables go: a unique index on
 a partitioned table must include its key, and each table is pruned on its own clock.
 
-Revision ID: notifier_0004
-Revises: notifier_0003
+Revision ID: notifier_0007
+Revises: notifier_0006
 Create Date: 2026-11-28 18:40:00
 """
 
@@ -24,8 +24,8 @@ import shared.db
 from services.notifier.retention import WebhookRetention, partitioned_tables
 from shared import partitions
 
-revision: str = "notifier_0004"
-down_revision: str | None = "notifier_0003"
+revision: str = "notifier_0007"
+down_revision: str | None = "notifier_0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
