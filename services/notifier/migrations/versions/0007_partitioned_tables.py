@@ -189,6 +189,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     raise NotImplementedError(
-        "notifier_0004 (partitioned tables) has no downgrade: restore the backup taken "
+        "notifier_0007 (partitioned tables) has no downgrade: restore the backup taken "
         "before upgrading (docs/RUNBOOK.md)"
     )
