@@ -42,7 +42,7 @@ class StoredEventId(NotifierBase):
 class StoredEvent(NotifierBase):
     """A domain event, stored once (its id in StoredEventId).
 
-    Partitioned by received_at (notifier_0007): the table's primary key is (id,
+    Partitioned by received_at (notifier_0008): the table's primary key is (id,
     received_at); the id alone is unique by StoredEventId.
     """
 
@@ -104,7 +104,7 @@ class Endpoint(NotifierBase):
 class Delivery(NotifierBase):
     """One event to one endpoint; retried until it succeeds or the schedule runs out.
 
-    Partitioned by id (notifier_0007): ids sort by creation, a day of them is a range.
+    Partitioned by id (notifier_0008): ids sort by creation, a day of them is a range.
     """
 
     __tablename__ = "webhook_deliveries"
@@ -142,7 +142,7 @@ class Delivery(NotifierBase):
 class Attempt(NotifierBase):
     """One HTTP attempt of a delivery, as it happened.
 
-    Partitioned by delivery id, with the deliveries' ranges (notifier_0007): a
+    Partitioned by delivery id, with the deliveries' ranges (notifier_0008): a
     delivery's attempts live in the partition of the day it was made.
     """
 

@@ -234,7 +234,7 @@ def test_the_maintenance_step_makes_partitions_ahead_and_moves_strays_in(db: Dat
     assert {p for p in names if p.endswith(f"{(now + DAY).date():%Y%m%d}")}
 
 
-def test_migrating_a_database_at_notifier_0006_keeps_every_row() -> None:
+def test_migrating_a_database_at_notifier_0007_keeps_every_row() -> None:
     # Given a notifier database at the previous head, with rows of the last weeks
     name = f"settle_test_migrate_{uuid.uuid4().hex[:8]}"
     url = create_database(name)
@@ -242,7 +242,7 @@ def test_migrating_a_database_at_notifier_0006_keeps_every_row() -> None:
     now = datetime.now(UTC)
     try:
         migrate.upgrade(components.IDENTITY, url)
-        migrate.upgrade(components.NOTIFIER, url, "notifier_0006")
+        migrate.upgrade(components.NOTIFIER, url, "notifier_0007")
         times = [now - timedelta(days=d) for d in (40, 20, 1, 0)]
         with engine.begin() as conn:
             conn.execute(

@@ -8,8 +8,8 @@ dropped. Event ids are recorded in `notifier_event_ids`, which keeps them unique
 across partitions. The foreign keys between these three tables go: a unique index on
 a partitioned table must include its key, and each table is pruned on its own clock.
 
-Revision ID: notifier_0007
-Revises: notifier_0006
+Revision ID: notifier_0008
+Revises: notifier_0007
 Create Date: 2026-11-28 18:40:00
 """
 
@@ -24,8 +24,8 @@ import shared.db
 from services.notifier.retention import WebhookRetention, partitioned_tables
 from shared import partitions
 
-revision: str = "notifier_0007"
-down_revision: str | None = "notifier_0006"
+revision: str = "notifier_0008"
+down_revision: str | None = "notifier_0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -64,6 +64,7 @@ _ATTEMPTS = (
     "error",
     "response_body",
     "signature_header",
+    "webhook_signature",
 )
 
 
@@ -141,6 +142,7 @@ def upgrade() -> None:
         sa.Column("error", sa.String(length=500), nullable=True),
         sa.Column("response_body", sa.Text(), nullable=True),
         sa.Column("signature_header", sa.Text(), nullable=True),
+        sa.Column("webhook_signature", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id", "delivery_id"),
         postgresql_partition_by="RANGE (delivery_id)",
     )
@@ -189,6 +191,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     raise NotImplementedError(
-        "notifier_0007 (partitioned tables) has no downgrade: restore the backup taken "
+        "notifier_0008 (partitioned tables) has no downgrade: restore the backup taken "
         "before upgrading (docs/RUNBOOK.md)"
     )
