@@ -11,6 +11,7 @@ import binascii
 import functools
 import inspect
 import json
+import logging
 import re
 import types
 from collections.abc import Callable, Mapping
@@ -20,23 +21,29 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import flask_smorest
 import marshmallow as ma
+import psycopg
 import sqlalchemy as sa
 from eth_utils import is_checksum_address, is_hex_address, to_checksum_address
-from flask import Flask, Request, request
+from flask import Flask, Request, Response, request
 from flask.json.provider import DefaultJSONProvider
 from sqlalchemy.orm import Session
 from webargs.flaskparser import FlaskParser, is_json_request
 
-from shared import safejson
+from shared import failover, safejson
 from shared.errors import (
+    InternalError,
     InvalidJson,
     InvalidRequest,
     NotFound,
+    ServiceUnavailable,
     UnsupportedMediaType,
+    error_response,
     register_error_handlers,
 )
 from shared.logs import install_request_id
 from shared.timefmt import iso_ms, parse_iso
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -449,6 +456,7 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     )
     # Registered after flask-smorest's own handlers so ours win.
     register_error_handlers(app)
+    _answer_failovers(app)
     install_request_id(app)
     app.before_request(_refuse_leading_double_slash)
     return api
@@ -512,3 +520,38 @@ def _refuse_leading_double_slash() -> None:
     `request.path` and before matching, so it would answer as `/v1/chains`)."""
     if request.environ.get("PATH_INFO", "").startswith("//"):
         raise NotFound("no such route")
+
+
+#: How long a safe request (GET, HEAD) is run again across a failover before the API
+#: answers 503: within an ordinary client's timeout.
+SAFE_REQUEST_RETRY_S = 8.0
+
+
+def _answer_failovers(app: Flask) -> None:
+    """A Flask app's answer to a failover: safe requests (GET, HEAD) are run again while
+    the primary changes; any request the failover still cuts answers 503
+    service_unavailable with Retry-After (a POST with an Idempotency-Key may simply be
+    sent again), never a 500."""
+    dispatch = app.dispatch_request
+
+    def dispatch_request() -> Any:
+        if request.method not in ("GET", "HEAD"):
+            return dispatch()
+        return failover.retry_idempotent(
+            dispatch, what=f"{request.method} {request.path}", retry_for_s=SAFE_REQUEST_RETRY_S
+        )
+
+    app.dispatch_request = dispatch_request  # type: ignore[method-assign]
+
+    @app.errorhandler(sa.exc.DBAPIError)
+    @app.errorhandler(psycopg.Error)
+    def _database_error(err: Exception) -> Response:
+        if not failover.is_failover(err):
+            log.exception("unhandled database error")
+            return error_response(InternalError("something went wrong on our side; try again"))
+        log.warning("request cut by a database failover: %s", err)
+        return error_response(
+            ServiceUnavailable(
+                "the database is changing over; retry in 2 s", headers={"Retry-After": "2"}
+            )
+        )

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, SessionTransaction, make_transient_to_detached, sessionmaker
 
-from shared import embedded_postgres
+from shared import embedded_postgres, failover
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -490,6 +490,7 @@ class Database:
     def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
         self.url = normalize_url(url)
         self.engine = make_engine(self.url, pool_size=pool_size, echo=echo)
+        failover.watch(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={_DATABASE: self})
         sa.event.listen(self.sessions, "after_commit", _run_after_commit)
         sa.event.listen(self.sessions, "after_soft_rollback", _forget_after_commit)
@@ -536,6 +537,13 @@ class Database:
         conn, pool = self._autocommit.get()
         try:
             yield conn
+        except BaseException as err:
+            if failover.sqlstate(err) == failover.READ_ONLY:
+                # A demoted primary: every pooled connection is to it; new ones find the
+                # server that takes writes (target_session_attrs=read-write).
+                _close_quietly(conn)
+                pool.drain()
+            raise
         finally:
             self._autocommit.put(conn, pool)
 

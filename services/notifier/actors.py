@@ -23,7 +23,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -58,7 +59,7 @@ from services.notifier.secret_cache import SecretCache
 from services.notifier.secrets import SecretDecryptError
 from services.notifier.sender import SendResult
 from services.notifier.webhook_endpoints import ENDPOINT_DELETED
-from shared import logs, signing
+from shared import failover, logs, signing
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -689,20 +690,36 @@ def _outcome_label(result: SendResult) -> str:
     return error.split(":", 1)[0]
 
 
+@contextmanager
+def _failover_is_no_poison(what: str) -> Iterator[None]:
+    """A job cut by a database failover ends quietly instead of raising (which would
+    dead-letter it as poison): its delivery's row is the truth, and the sweeper sends
+    it again once due (the claim or the record did not commit, or its lease lapses)."""
+    try:
+        yield
+    except Exception as err:
+        if not failover.is_failover(err):
+            raise
+        log.warning("job for %s cut by a database failover (%s); the sweeper sends it", what, err)
+
+
 class DeliveryActors:
     """The two Dramatiq actors on the queues of `queues`, running `deliverer` (no globals)."""
 
     def __init__(self, queues: DeliveryQueues, deliverer: Deliverer) -> None:
         def deliver(delivery_id: str, bounces: int = 0, route: list[str] | None = None) -> None:
-            deliverer.deliver(delivery_id, bounces, _route(route))
+            with _failover_is_no_poison(delivery_id):
+                deliverer.deliver(delivery_id, bounces, _route(route))
 
         def deliver_retry(
             delivery_id: str, bounces: int = 0, route: list[str] | None = None
         ) -> None:
-            deliverer.deliver(delivery_id, bounces, _route(route))
+            with _failover_is_no_poison(delivery_id):
+                deliverer.deliver(delivery_id, bounces, _route(route))
 
         def deliver_group(tenant_id: str, items: list[list[str]]) -> None:
-            deliverer.deliver_group(tenant_id, [(d, e) for d, e in items])
+            with _failover_is_no_poison(f"{len(items)} deliveries of {tenant_id}"):
+                deliverer.deliver_group(tenant_id, [(d, e) for d, e in items])
 
         def actor(fn: Any, name: str, queue: str, priority: int) -> dramatiq.Actor:
             return dramatiq.Actor(
