@@ -216,6 +216,11 @@ _WEBHOOK_ENDPOINT = _object(
             "enum": ["settle", "standard"],
             "description": "`standard`: Standard Webhooks' headers are sent too.",
         },
+        "ordering": {
+            "type": ["string", "null"],
+            "enum": ["per_account", None],
+            "description": "`per_account`: an account's events one at a time, in order.",
+        },
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
     },
@@ -239,6 +244,11 @@ _WEBHOOK_DELIVERY = _object(
         "replayOf": {
             "type": ["string", "null"],
             "description": "The delivery this one replays or recovers, if any.",
+        },
+        "heldBy": {
+            "type": ["string", "null"],
+            "description": "Ordered endpoints: the unfinished delivery of an earlier event "
+            "about the same account that this one waits for; null when it waits for none.",
         },
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
@@ -466,6 +476,7 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "previousSecretExpiresAt": None,
     "rateLimitPerSecond": None,
     "signatureScheme": "settle",
+    "ordering": None,
     "createdAt": "2026-11-18T09:30:00.000Z",
     "updatedAt": "2026-11-21T04:11:28.123Z",
 }
@@ -489,6 +500,7 @@ _DELIVERY_EXAMPLE: dict[str, Any] = {
     "lastResponseStatus": 503,
     "lastError": "http_503",
     "replayOf": None,
+    "heldBy": None,
     "createdAt": "2026-11-21T04:11:28.123Z",
     "updatedAt": "2026-11-23T05:02:41.322Z",
     "succeededAt": None,

@@ -74,6 +74,8 @@ LEASE_LOST = "lease_lost"
 #: Most waiting deliveries one job's thread runs after its own, each in the slot the one
 #: before freed (bounded, with one attempt deadline of time, as the job's ack waits).
 INLINE_AT_MOST = 64
+#: What `_claimed` returns when the delivery is over (its ordered successor may go).
+_FINISHED = frozenset({SUCCEEDED, FAILED, "stopped"})
 #: Dramatiq priority of retries (first attempts have 0): first attempts never wait
 #: behind a backlog of retries of failing endpoints.
 RETRY_PRIORITY = 10
@@ -275,12 +277,30 @@ class Deliverer:
                 now=now,
                 lease=now + timedelta(seconds=self._lease_s),
                 due_by=now + timedelta(seconds=self.tuning.due_slack_s),
+                gap_cutoff=now - timedelta(seconds=self.tuning.order_gap_wait_s),
             )
             if claim is None:
                 return "not_claimed"
             # Every line of the attempt carries the id of the request that caused the event.
             with logs.request_scope(claim.request_id):
-                return self._claimed(conn, claim, bounces)
+                outcome = self._claimed(conn, claim, bounces)
+                if outcome in _FINISHED:
+                    self._send_on_next(conn, claim)
+                return outcome
+
+    def _send_on_next(self, conn: Connection, claim: Claim) -> None:
+        """An ordered delivery finished: the next of its endpoint and account, which its
+        claim held back (ordering.py), is sent on now (the row is due: if this message is
+        lost, the sweeper sends it)."""
+        try:
+            following = self.store.next_in_line(conn, claim)
+            if following is not None:
+                delivery_id, endpoint_id, tenant_id = following
+                self.dispatch.schedule(delivery_id, 0.0, route=(endpoint_id, tenant_id))
+        except Exception:
+            log.exception(
+                "could not send on the delivery after %s; the sweeper will", claim.delivery_id
+            )
 
     def deliver_group(self, tenant_id: str, items: list[tuple[str, str]]) -> int:
         """A fan-out of one tenant sent as one job ((delivery id, endpoint id) pairs; see

@@ -33,7 +33,13 @@ from pika.spec import Basic
 
 from services.notifier import fanout, queue_admin, trust
 from services.notifier.context import NotifierContext
-from services.notifier.deliveries import InvalidEvent, event_row, insert_events, parse_envelope
+from services.notifier.deliveries import (
+    InvalidEvent,
+    event_row,
+    insert_events,
+    ordered_as,
+    parse_envelope,
+)
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
 from shared import logs, topology
@@ -112,7 +118,7 @@ def store_events(
                 for index, body, envelope in parsed.values()
             ]
             stored = insert_events(db, conn, rows)
-            subscribers: dict[tuple[str, str], list[tuple[str, bool]]] = {}
+            subscribers: dict[tuple[str, str], list[fanout.Subscriber]] = {}
             made: list[dict[str, Any]] = []
             for event_id, (index, _body, envelope) in parsed.items():
                 if event_id not in stored:
@@ -123,16 +129,21 @@ def store_events(
                 key = (tenant_id, event_type)
                 if key not in subscribers:
                     subscribers[key] = fanout.subscribers(db, conn, tenant_id, event_type)
-                for endpoint_id, enabled in subscribers[key]:
-                    if not enabled:
-                        # Kept, not sent: enabling the endpoint again sends it.
-                        made.append(
-                            fanout.skipped(tenant_id, event_id, event_type, endpoint_id, now)
-                        )
-                        continue
-                    made.append(fanout.pending(tenant_id, event_id, event_type, endpoint_id, now))
-                    results[index].delivery_ids.append(made[-1]["id"])
-                    results[index].routes[made[-1]["id"]] = (endpoint_id, tenant_id)
+                order = ordered_as(envelope)
+                for endpoint in subscribers[key]:
+                    row = (fanout.pending if endpoint.enabled else fanout.skipped)(
+                        tenant_id,
+                        event_id,
+                        event_type,
+                        endpoint.id,
+                        now,
+                        order=order if endpoint.ordered else None,
+                    )
+                    made.append(row)
+                    if endpoint.enabled:
+                        # (A skipped one is kept, not sent: enabling the endpoint sends it.)
+                        results[index].delivery_ids.append(row["id"])
+                        results[index].routes[row["id"]] = (endpoint.id, tenant_id)
                 labels.append("stored")
             fanout.insert_deliveries(db, conn, made)
     labels.extend("duplicate" for _ in repeats)

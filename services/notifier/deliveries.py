@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, aliased
 
-from services.notifier import fanout
+from services.notifier import fanout, ordering
 from services.notifier.models import (
     FAILED,
     PENDING,
@@ -56,7 +56,13 @@ _EVENT_COLUMNS = (
     "created_at",
     "received_at",
     "request_id",
+    "account_id",
+    "sequence",
 )
+#: Longest account id an event may name to be ordered (core's are `acc_` + a ULID).
+MAX_ACCOUNT_ID = 40
+#: Largest `sequence` (a BIGINT).
+MAX_SEQUENCE = 2**63 - 1
 
 
 class InvalidEvent(ValueError):
@@ -89,7 +95,24 @@ def parse_envelope(body: bytes) -> dict[str, Any]:
         parse_iso(envelope["createdAt"])
     except ValueError:
         raise InvalidEvent("createdAt is not an ISO 8601 timestamp") from None
+    sequence = envelope.get("sequence")
+    if sequence is not None and (
+        isinstance(sequence, bool)
+        or not isinstance(sequence, int)
+        or not 0 < sequence <= MAX_SEQUENCE
+    ):
+        raise InvalidEvent("sequence must be a positive integer")
     return envelope
+
+
+def ordered_as(envelope: dict[str, Any]) -> tuple[str, int] | None:
+    """(account id, sequence) of an event that has both (a `parse_envelope` result), else
+    None: the key and place its deliveries to an ordered endpoint take."""
+    sequence = envelope.get("sequence")
+    account = events.account_of(envelope["data"])
+    if sequence is None or account is None or len(account) > MAX_ACCOUNT_ID:
+        return None
+    return account, sequence
 
 
 def event_row(
@@ -97,6 +120,7 @@ def event_row(
 ) -> dict[str, Any]:
     """The stored event's columns: the body kept byte for byte (every delivery sends it),
     and the id of the request that caused it (None when unknown or implausible)."""
+    order = ordered_as(envelope)
     return {
         "id": envelope["id"],
         "tenant_id": envelope["tenantId"],
@@ -105,6 +129,8 @@ def event_row(
         "created_at": parse_iso(envelope["createdAt"]),
         "received_at": now,
         "request_id": plausible_request_id(request_id),
+        "account_id": None if order is None else order[0],
+        "sequence": None if order is None else order[1],
     }
 
 
@@ -373,6 +399,19 @@ def list_deliveries(
     if filters.created_before is not None:
         query = query.where(Delivery.created_at < filters.created_before)
     return keyset_page(session, query, Delivery.id, limit=limit, cursor=cursor)
+
+
+def holders(session: Session, shown: Sequence[Delivery]) -> dict[str, str]:
+    """For those of `shown` that wait for an earlier delivery of their ordered endpoint
+    and account: the id of the one they wait for (ordering.py), in one query."""
+    ids = [d.id for d in shown if d.order_key is not None and d.status in (PENDING, RETRYING)]
+    if not ids:
+        return {}
+    return {
+        delivery_id: holder
+        for delivery_id, holder in session.execute(ordering.holders(ids))
+        if holder is not None
+    }
 
 
 def attempts_of(session: Session, delivery_id: str) -> list[Attempt]:

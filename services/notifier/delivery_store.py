@@ -27,6 +27,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from services.notifier import ordering
 from services.notifier.models import (
     DISABLED,
     ENABLED,
@@ -78,6 +79,9 @@ class Claim:
     request_id: str | None = None
     #: The endpoint's signatureScheme (`settle` or `standard`).
     signature_scheme: str = "settle"
+    #: The account and number it is ordered by (ordering.py), when its endpoint orders.
+    order_key: str | None = None
+    order_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,8 @@ def _claim_statement() -> sa.Update:
 
     The number is taken with the lease, so an attempt that outlives its lease and the
     one that takes the delivery over never share a number, and both count toward the
-    retry schedule. Zero rows means someone else holds it, it is done, or it is not due.
+    retry schedule. Zero rows means someone else holds it, it is done, it is not due, or
+    (ordered) it is not its turn yet (ordering.may_start).
     """
     now = sa.bindparam("now")
     return (
@@ -128,6 +133,7 @@ def _claim_statement() -> sa.Update:
             StoredEvent.id == StoredEventId.id,
             StoredEvent.received_at == StoredEventId.received_at,
             Endpoint.id == Delivery.endpoint_id,
+            ordering.may_start(StoredEvent.received_at),
         )
         .values(lease_until=sa.bindparam("lease"), attempt_count=Delivery.attempt_count + 1)
         .returning(
@@ -147,6 +153,8 @@ def _claim_statement() -> sa.Update:
             Endpoint.rate_limit_per_second,
             StoredEvent.request_id,
             Endpoint.signature_scheme,
+            Delivery.order_key,
+            Delivery.order_seq,
         )
     )
 
@@ -294,6 +302,7 @@ class DeliveryStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._claim = db.driver_statement(_claim_statement())
+        self._next_in_line = db.driver_statement(ordering.NEXT_IN_LINE)
         self._record = db.driver_statement(_record_statement())
         self._put_back = db.driver_statement(_PUT_BACK)
         self._give_back = db.driver_statement(_GIVE_BACK)
@@ -320,9 +329,18 @@ class DeliveryStore:
         now: datetime,
         lease: datetime,
         due_by: datetime,
+        gap_cutoff: datetime,
     ) -> Claim | None:
-        """The lease until `lease` if the delivery is due by `due_by` and nobody holds it."""
-        params = {"delivery_id": delivery_id, "now": now, "due_by": due_by, "lease": lease}
+        """The lease until `lease` if the delivery is due by `due_by`, nobody holds it and
+        (ordered) it is its turn; an event received before `gap_cutoff` no longer waits
+        for the events numbered before it to arrive (ordering.py)."""
+        params = {
+            "delivery_id": delivery_id,
+            "now": now,
+            "due_by": due_by,
+            "lease": lease,
+            "gap_cutoff": gap_cutoff,
+        }
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
             return None
@@ -336,6 +354,8 @@ class DeliveryStore:
             *endpoint,
             request_id,
             scheme,
+            order_key,
+            order_seq,
         ) = row
         return Claim(
             delivery_id,
@@ -349,7 +369,22 @@ class DeliveryStore:
             *endpoint,
             request_id,
             scheme,
+            order_key,
+            order_seq,
         )
+
+    def next_in_line(self, conn: Connection, claim: Claim) -> tuple[str, str, str] | None:
+        """(id, endpoint id, tenant id) of the ordered delivery after `claim`'s, now that
+        `claim`'s is finished; None when it is not ordered or none waits."""
+        if claim.order_key is None:
+            return None
+        params = {
+            "endpoint_id": claim.endpoint_id,
+            "order_key": claim.order_key,
+            "order_seq": claim.order_seq,
+        }
+        row = _run(conn, self._next_in_line, params).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
 
     def record(
         self,

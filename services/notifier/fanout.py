@@ -11,7 +11,9 @@ replays, recoveries) and by `settle reconcile` to say which deliveries must exis
   if it is enabled: 404 when deleted (or another tenant's), 409 when disabled
   (`sendable_endpoint`);
 - a new delivery is pending and due now (`pending`), the replay or recovery naming
-  the delivery it repeats;
+  the delivery it repeats; to an endpoint ordering `per_account`, the delivery of an
+  event about an account carries the account and the event's `sequence` (`order`),
+  which the claim honours (delivery_store.py); replays, recoveries and tests do not;
 - after the fact (`settle reconcile`), which endpoints must have received an event
   (`receivers`, `must_receive`).
 
@@ -30,7 +32,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from services.notifier.models import ENABLED, PENDING, SKIPPED, Delivery, Endpoint
+from services.notifier.models import ENABLED, PENDING, PER_ACCOUNT, SKIPPED, Delivery, Endpoint
 from services.notifier.webhook_endpoints import get_endpoint
 from shared import subscriptions
 from shared.db import Database, DriverStatement, adopt, database_of, driver_connection
@@ -45,7 +47,7 @@ RECEIVING: tuple[sa.ColumnElement[bool], ...] = (
 
 #: A tenant's live endpoints, their types and status, for `subscribers`.
 _SUBSCRIBERS = (
-    sa.select(Endpoint.id, Endpoint.event_types, Endpoint.status)
+    sa.select(Endpoint.id, Endpoint.event_types, Endpoint.status, Endpoint.ordering)
     .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), Endpoint.deleted_at.is_(None))
     .order_by(Endpoint.id)
 )
@@ -70,6 +72,8 @@ _DELIVERY_COLUMNS = (
     "succeeded_at",
     "created_at",
     "updated_at",
+    "order_key",
+    "order_seq",
 )
 _INSERT_DELIVERY = sa.insert(Delivery).values(
     {name: sa.bindparam(name) for name in _DELIVERY_COLUMNS}
@@ -83,19 +87,27 @@ def subscribes(event_types: Iterable[str] | None, event_type: str) -> bool:
     return subscriptions.subscribes(event_types, event_type)
 
 
+@dataclass(frozen=True, slots=True)
+class Subscriber:
+    """A live endpoint subscribed to an event's type, as fan-out needs it."""
+
+    id: str
+    #: An enabled one gets a pending delivery, a disabled one a skipped delivery.
+    enabled: bool
+    #: It orders deliveries per account (`pending`'s `order`).
+    ordered: bool
+
+
 def subscribers(
     db: Database, conn: psycopg.Connection[Any], tenant_id: str, event_type: str
-) -> list[tuple[str, bool]]:
-    """(id, enabled) of the tenant's live endpoints subscribed to `event_type`.
-
-    An enabled one gets a pending delivery, a disabled one a skipped delivery. Runs on
-    `conn`, a driver connection of `db` (`driver_transaction()`), in id order.
-    """
+) -> list[Subscriber]:
+    """The tenant's live endpoints subscribed to `event_type`, in id order. Runs on
+    `conn`, a driver connection of `db` (`driver_transaction()`)."""
     statement = _statements(db)["subscribers"]
     rows = conn.execute(statement.sql, statement.bind({"tenant_id": tenant_id}))
     return [
-        (endpoint_id, status == ENABLED)
-        for endpoint_id, types, status in rows
+        Subscriber(endpoint_id, status == ENABLED, ordering == PER_ACCOUNT)
+        for endpoint_id, types, status, ordering in rows
         if subscribes(types, event_type)
     ]
 
@@ -108,8 +120,10 @@ def pending(
     now: datetime,
     *,
     replay_of: str | None = None,
+    order: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A new delivery's columns: pending, due now; `replay_of` the delivery it repeats."""
+    """A new delivery's columns: pending, due now; `replay_of` the delivery it repeats;
+    `order` the (account, sequence) it waits its turn by (deliveries.ordered_as)."""
     return {
         "id": new_id("whd"),
         "tenant_id": tenant_id,
@@ -127,14 +141,23 @@ def pending(
         "succeeded_at": None,
         "created_at": now,
         "updated_at": now,
+        "order_key": None if order is None else order[0],
+        "order_seq": None if order is None else order[1],
     }
 
 
 def skipped(
-    tenant_id: str, event_id: str, event_type: str, endpoint_id: str, now: datetime
+    tenant_id: str,
+    event_id: str,
+    event_type: str,
+    endpoint_id: str,
+    now: datetime,
+    *,
+    order: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A delivery kept for a disabled endpoint: not due, sent once the endpoint is enabled."""
-    row = pending(tenant_id, event_id, event_type, endpoint_id, now)
+    """A delivery kept for a disabled endpoint: not due, sent once the endpoint is enabled
+    (in order, when it has one)."""
+    row = pending(tenant_id, event_id, event_type, endpoint_id, now, order=order)
     row.update(status=SKIPPED, next_attempt_at=None, last_error=ENDPOINT_DISABLED)
     return row
 

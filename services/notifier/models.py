@@ -21,6 +21,8 @@ SKIPPED = "skipped"
 DELIVERY_STATUSES = (PENDING, RETRYING, SUCCEEDED, FAILED, SKIPPED)
 #: Endpoint statuses.
 ENABLED, DISABLED = "enabled", "disabled"
+#: An endpoint's `ordering`: events about one deposit account in commit order.
+PER_ACCOUNT = "per_account"
 
 
 class NotifierBase(DeclarativeBase):
@@ -49,6 +51,12 @@ class StoredEvent(NotifierBase):
     __tablename__ = "notifier_events"
     __table_args__ = (
         sa.Index("ix_notifier_events_tenant_created", "tenant_id", "created_at"),
+        sa.Index(
+            "ix_notifier_events_account_sequence",
+            "account_id",
+            "sequence",
+            postgresql_where=sa.text("account_id IS NOT NULL"),
+        ),
         {"postgresql_partition_by": "RANGE (received_at)"},
     )
 
@@ -63,6 +71,10 @@ class StoredEvent(NotifierBase):
     #: The id of the core API request that caused the event (AMQP correlation_id), if
     #: any: every delivery attempt's log line carries it.
     request_id: Mapped[str | None] = mapped_column(sa.String(128), nullable=True)
+    #: The deposit account the event is about and its number there (the envelope's
+    #: `sequence`), when it has one: ordered deliveries wait for the events before it.
+    account_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    sequence: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
 
 
 class Endpoint(NotifierBase):
@@ -87,6 +99,9 @@ class Endpoint(NotifierBase):
     #: When `webhook.endpoint_failing` was sent about the current run (None: not sent;
     #: cleared, with `webhook.endpoint_recovered`, by the next success).
     failing_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: `per_account`: deliveries of events about one deposit account go one at a time,
+    #: in the events' order; None: every delivery on its own (the default).
+    ordering: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
     #: The endpoint's own cap on attempts per second (per worker process); None: none.
     rate_limit_per_second: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
     #: `settle` (our headers) or `standard` (Standard Webhooks' headers too).
@@ -113,6 +128,14 @@ class Delivery(NotifierBase):
         sa.Index("ix_deliveries_due", "status", "next_attempt_at"),
         sa.Index("ix_deliveries_endpoint", "endpoint_id", "created_at"),
         sa.Index("ix_deliveries_event", "event_id"),
+        # An ordered delivery's unfinished predecessors (the claim and the sweeper ask).
+        sa.Index(
+            "ix_deliveries_order",
+            "endpoint_id",
+            "order_key",
+            "order_seq",
+            postgresql_where=sa.text("order_key IS NOT NULL AND status IN ('pending', 'retrying')"),
+        ),
         {"postgresql_partition_by": "RANGE (id)"},
     )
 
@@ -131,6 +154,11 @@ class Delivery(NotifierBase):
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: The delivery this one replays (POST .../replay), if any.
     replay_of: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    #: Set when its endpoint orders per account (and the event has a `sequence`): the
+    #: account and the event's number. It starts only when no delivery of the same
+    #: endpoint and account with a lower number is unfinished (delivery_store's claim).
+    order_key: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    order_seq: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_response_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     last_error: Mapped[str | None] = mapped_column(sa.String(500), nullable=True)

@@ -23,6 +23,9 @@ class DeliveryTuning:
     #: First and longest wait before a delivery whose endpoint is saturated is tried again.
     saturated_first_s: float = 0.05
     saturated_max_s: float = 5.0
+    #: Longest an ordered delivery waits for the events numbered before its own to arrive
+    #: (two relays or consumers may store them out of order; see ordering.py).
+    order_gap_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.lease_margin_s >= MIN_LEASE_MARGIN_S:

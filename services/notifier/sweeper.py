@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from services.notifier import ordering
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
 from shared.db import Database
@@ -50,6 +51,8 @@ def due_deliveries(
                 Delivery.status.in_((PENDING, RETRYING)),
                 due_at <= cutoff,
                 sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
+                # Not one held back by its ordered predecessor: that one's end sends it.
+                sa.or_(Delivery.order_key.is_(None), ~ordering.held_by_earlier()),
             )
             .order_by(due_at)
             .limit(batch)

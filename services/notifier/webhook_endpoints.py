@@ -20,6 +20,7 @@ from services.notifier.models import (
     ENABLED,
     FAILED,
     PENDING,
+    PER_ACCOUNT,
     RETRYING,
     Delivery,
     Endpoint,
@@ -45,6 +46,8 @@ ENDPOINT_DELETED = "endpoint_deleted"
 #: Bounds of an endpoint's `rateLimitPerSecond` (deliveries a second, per worker process).
 MIN_RATE_LIMIT = 0.01
 MAX_RATE_LIMIT = 1000.0
+#: The values of an endpoint's `ordering` besides null.
+ORDERINGS = (PER_ACCOUNT,)
 
 
 class _Unchanged:
@@ -122,6 +125,13 @@ def set_scheme(endpoint: Endpoint, scheme: str, box: Decrypter) -> None:
     endpoint.signature_scheme = scheme
 
 
+def checked_ordering(value: str | None, field: str = "ordering") -> str | None:
+    """None (each delivery on its own) or `per_account`."""
+    if value is not None and value not in ORDERINGS:
+        raise field_error(field, f"must be one of {', '.join(ORDERINGS)}, or null")
+    return value
+
+
 def _lock_tenant(session: Session, tenant_id: str) -> None:
     """Serialize endpoint creation per tenant so the cap holds under concurrency."""
     session.execute(
@@ -153,6 +163,7 @@ def create_endpoint(
     max_endpoints: int,
     rate_limit_per_second: float | None = None,
     signature_scheme: str = signing.SETTLE,
+    ordering: str | None = None,
     now: datetime | None = None,
 ) -> tuple[Endpoint, str]:
     """A new enabled endpoint and its secret (the only time it is seen in clear)."""
@@ -184,6 +195,7 @@ def create_endpoint(
         rate_limit_per_second=checked_rate_limit(rate_limit_per_second),
         signature_scheme=scheme,
         expires_at=None,
+        ordering=checked_ordering(ordering),
         created_at=now,
         updated_at=now,
         deleted_at=None,
@@ -230,12 +242,16 @@ def update_endpoint(
     rate_limit_per_second: float | _Unchanged | None = UNCHANGED,
     signature_scheme: str | None = None,
     box: Decrypter | None = None,
+    ordering: str | _Unchanged | None = UNCHANGED,
     allow_private: bool,
     now: datetime | None = None,
 ) -> Endpoint:
     """Apply a PATCH: any subset of name, url, eventTypes, status, rateLimitPerSecond
     (None removes the limit; UNCHANGED, the default, leaves it), signatureScheme (`box`
-    reads the secret to check that the scheme can use it)."""
+    reads the secret to check that the scheme can use it), ordering (None: none).
+
+    A change of ordering applies to deliveries made from then on: those made before
+    keep the order they were made with."""
     if name is not None:
         endpoint.name = checked_name(name)
     if url is not None:
@@ -249,6 +265,8 @@ def update_endpoint(
     if signature_scheme is not None:
         assert box is not None, "the secret box checks the secret suits the scheme"
         set_scheme(endpoint, signature_scheme, box)
+    if not isinstance(ordering, _Unchanged):
+        endpoint.ordering = checked_ordering(ordering)
     endpoint.updated_at = now or utcnow()
     return endpoint
 
@@ -264,6 +282,7 @@ def audited(endpoint: Endpoint) -> dict[str, object]:
         # As text: the log's canonical form has no floats (shared/audit/chain.py).
         "rateLimitPerSecond": None if rate is None else repr(rate),
         "signatureScheme": endpoint.signature_scheme,
+        "ordering": endpoint.ordering,
     }
 
 

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from services.core import outbox
 from services.notifier import webhook_endpoints as endpoint_domain
-from services.notifier.models import SUCCEEDED, Delivery
+from services.notifier.models import PER_ACCOUNT, SUCCEEDED, Delivery
 from services.notifier.secrets import SecretBox
 from shared import events, signing
 from shared.bus import BusNames
@@ -72,7 +72,9 @@ class Stack:
         for process in (self.relay, self.consumer, self.worker):
             process.wait_ready()
 
-    def endpoint(self, tenant_id: str, url: str, types: list[str]) -> tuple[str, str]:
+    def endpoint(
+        self, tenant_id: str, url: str, types: list[str], ordering: str | None = None
+    ) -> tuple[str, str]:
         with self.db.transaction() as session:
             endpoint, secret = endpoint_domain.create_endpoint(
                 session,
@@ -83,6 +85,7 @@ class Stack:
                 event_types=types,
                 allow_private=True,
                 max_endpoints=100,
+                ordering=ordering,
             )
             return endpoint.id, secret
 
@@ -95,6 +98,18 @@ class Stack:
                 )
             ids.append(envelope["id"])
         return ids
+
+    def emit_about(self, tenant_id: str, account_id: str, event_id: str | None = None) -> str:
+        """An event about a deposit account (numbered by core: `sequence`)."""
+        with self.db.transaction() as session:
+            envelope = outbox.emit(
+                session,
+                events.DEPOSIT_CREDITED,
+                tenant_id,
+                {"deposit": {"id": f"dep_{event_id}", "accountId": account_id}},
+                event_id=event_id,
+            )
+        return str(envelope["id"])
 
     def deliveries(self, event_ids: list[str]) -> list[Delivery]:
         with self.db.reader() as session:
@@ -235,3 +250,37 @@ def test_the_worker_killed_mid_attempt_resends_after_the_lease(stack: Stack) -> 
         first, second = rx.hits("/stuck")[:2]
         assert first.body == second.body
         assert first.headers["x-service-delivery-id"] == second.headers["x-service-delivery-id"]
+
+
+def test_the_worker_killed_mid_delivery_on_an_ordered_endpoint_holds_the_accounts_next(
+    stack: Stack,
+) -> None:
+    assert stack.worker is not None
+    with Receiver() as rx:
+        # Given an ordered endpoint that holds account A's first event for 5 s
+        first = events.new_event_id()
+        rx.script("/ordered", Answer.hang(5), Answer.ok(), event_id=first)
+        tenant_id = make_tenant(stack.db).tenant_id
+        stack.endpoint(
+            tenant_id, rx.url("/ordered"), [events.DEPOSIT_CREDITED], ordering=PER_ACCOUNT
+        )
+        stack.emit_about(tenant_id, "acc_A", first)
+        assert rx.wait_for(lambda r: len(r.hits("/ordered")) >= 1, 15), stack.procs.logs()
+        # When A's next event and account B's are committed while A's first is in flight
+        second = stack.emit_about(tenant_id, "acc_A", events.new_event_id())
+        other = stack.emit_about(tenant_id, "acc_B", events.new_event_id())
+        # Then B's goes through (it is not held by A's), A's next does not
+        assert rx.wait_for(lambda r: other in _received_ids(r, "/ordered"), 15), stack.procs.logs()
+        assert second not in _received_ids(rx, "/ordered")
+        # And when the worker dies with A's first still in flight
+        stack.worker.kill()
+        stack.procs.restart(stack.worker)
+        # Then A's first is sent again once its lease lapses, and A's next only after it
+        assert rx.wait_for(lambda r: second in _received_ids(r, "/ordered"), 30), stack.procs.logs()
+        order = [json.loads(h.body)["id"] for h in rx.hits("/ordered")]
+        assert order.count(first) == 2, order
+        assert order.index(second) > len(order) - 1 - order[::-1].index(first), order
+        ids = [first, second, other]
+        wait_until(
+            lambda: [d.status for d in stack.deliveries(ids)] == [SUCCEEDED] * 3, 10, "succeeded"
+        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import socket
 import threading
 import time
@@ -97,9 +98,9 @@ class _State:
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
 
-    def next_answer(self, path: str) -> Answer:
+    def next_answer(self, path: str, event_id: str | None = None) -> Answer:
         with self.lock:
-            script = self.scripts.get(path)
+            script = self.scripts.get(f"{path}#{event_id}") or self.scripts.get(path)
             if not script:
                 return Answer.ok()
             return script.pop(0) if len(script) > 1 else script[0]
@@ -108,6 +109,15 @@ class _State:
         with self.changed:
             self.hits.append(hit)
             self.changed.notify_all()
+
+
+def _event_id(body: bytes) -> str | None:
+    """The `id` of a delivery's JSON body, if it has one."""
+    try:
+        found = json.loads(body).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -129,7 +139,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
-        answer = state.next_answer(path)
+        answer = state.next_answer(path, _event_id(body))
         received = time.time()
         headers = {k.lower(): v for k, v in self.headers.items()}
         if answer.kind == "close":
@@ -218,10 +228,12 @@ class Receiver:
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def script(self, path: str, *answers: Answer) -> None:
-        """Answers for `path`, in order; the last repeats."""
+    def script(self, path: str, *answers: Answer, event_id: str | None = None) -> None:
+        """Answers for `path`, in order; the last repeats. With `event_id`: for the
+        requests of that event only (ahead of the path's own script)."""
+        key = path if event_id is None else f"{path}#{event_id}"
         with self._server.state.lock:
-            self._server.state.scripts[path] = list(answers)
+            self._server.state.scripts[key] = list(answers)
 
     def hits(self, path: str | None = None) -> list[Hit]:
         with self._server.state.lock:

@@ -56,7 +56,8 @@ class WebhookDeliveries(MethodView):
             page = deliveries.list_deliveries(
                 session, tenant_id(), filters, limit=args["limit"], cursor=args["cursor"]
             )
-            items = [delivery_out(d) for d in page.items]
+            held = deliveries.holders(session, page.items)
+            items = [delivery_out(d, held.get(d.id)) for d in page.items]
         return {"webhook_deliveries": items, "next_cursor": page.next_cursor}
 
 
@@ -71,7 +72,8 @@ class WebhookDelivery(MethodView):
             delivery = deliveries.get_delivery(session, tenant_id(), deliveryId)
             attempts = deliveries.attempts_of(session, delivery.id)
             body = deliveries.event_of(session, delivery).body
-            return {"webhook_delivery": delivery_detail(delivery, attempts, body)}
+            held_by = deliveries.holders(session, [delivery]).get(delivery.id)
+            return {"webhook_delivery": delivery_detail(delivery, attempts, body, held_by)}
 
 
 @blp.route("/webhook-deliveries/<deliveryId>/replay")

@@ -87,6 +87,7 @@ class WebhookEndpoints(MethodView):
                 max_endpoints=ctx.max_endpoints_per_tenant,
                 rate_limit_per_second=args["rate_limit_per_second"],
                 signature_scheme=args["signature_scheme"],
+                ordering=args["ordering"],
                 now=now,
             )
             after = webhook_endpoints.audited(endpoint)
@@ -121,7 +122,7 @@ class WebhookEndpoint(MethodView):
     @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
     def patch(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
         """Change any of name, url, eventTypes, status (enabled or disabled),
-        rateLimitPerSecond, signatureScheme."""
+        rateLimitPerSecond, signatureScheme, ordering."""
         ctx = notifier()
         now = utcnow()
         with ctx.db.transaction() as session:
@@ -140,6 +141,7 @@ class WebhookEndpoint(MethodView):
                 ),
                 signature_scheme=args.get("signature_scheme"),
                 box=ctx.secret_box,
+                ordering=args.get("ordering", webhook_endpoints.UNCHANGED),
                 allow_private=ctx.config.allow_private,
                 now=now,
             )

@@ -27,6 +27,7 @@ from services.notifier.webhook_endpoints import (
     MAX_RATE_LIMIT,
     MAX_SECRET_OVERLAP_S,
     MIN_RATE_LIMIT,
+    ORDERINGS,
     previous_secret_expires_at,
 )
 from shared import signing, subscriptions
@@ -85,6 +86,22 @@ RATE_LIMIT_DESCRIPTION = (
     "Most deliveries a second this endpoint is sent (each worker process keeps to it; "
     f"{MIN_RATE_LIMIT}..{MAX_RATE_LIMIT}); null: as fast as the fair shares allow."
 )
+
+
+ORDERING_DESCRIPTION = (
+    "`per_account`: events about one deposit account reach this endpoint one at a time, "
+    "in the order they were committed (a failing delivery holds its account's later "
+    "events, not other accounts'); null (the default): every delivery on its own."
+)
+
+
+def ordering_field(**kwargs: Any) -> ma.fields.String:
+    return ma.fields.String(
+        allow_none=True,
+        validate=ma.validate.OneOf(ORDERINGS),
+        metadata={"enum": [*ORDERINGS, None], "description": ORDERING_DESCRIPTION},
+        **kwargs,
+    )
 
 
 def rate_limit_field(**kwargs: Any) -> StrictNumber:
@@ -150,6 +167,11 @@ class EndpointSchema(Schema):
         required=True, allow_none=True, metadata={"description": RATE_LIMIT_DESCRIPTION}
     )
     signature_scheme = scheme_field(required=True)
+    ordering = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"enum": [*ORDERINGS, None], "description": ORDERING_DESCRIPTION},
+    )
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
 
@@ -167,6 +189,7 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
         "previous_secret_expires_at": previous_secret_expires_at(endpoint, now),
         "rate_limit_per_second": endpoint.rate_limit_per_second,
         "signature_scheme": endpoint.signature_scheme,
+        "ordering": endpoint.ordering,
         "created_at": endpoint.created_at,
         "updated_at": endpoint.updated_at,
     }
@@ -195,6 +218,7 @@ class EndpointCreateSchema(Schema):
     )
     rate_limit_per_second = rate_limit_field(load_default=None)
     signature_scheme = scheme_field(load_default=signing.SETTLE)
+    ordering = ordering_field(load_default=None)
 
 
 class EndpointPatchSchema(Schema):
@@ -210,13 +234,14 @@ class EndpointPatchSchema(Schema):
     )
     rate_limit_per_second = rate_limit_field()
     signature_scheme = scheme_field()
+    ordering = ordering_field()
 
     @ma.validates_schema
     def _at_least_one(self, data: dict[str, Any], **kwargs: Any) -> None:
         if not data:
             raise ma.ValidationError(
                 "give at least one of name, url, eventTypes, status, rateLimitPerSecond, "
-                "signatureScheme"
+                "signatureScheme, ordering"
             )
 
 
@@ -363,6 +388,17 @@ class DeliverySchema(Schema):
         allow_none=True,
         metadata={"description": "The delivery this one replays or recovers, if any."},
     )
+    held_by = ma.fields.String(
+        required=True,
+        allow_none=True,
+        # A Delivery row dumped as it is (not through delivery_out) shows null.
+        dump_default=None,
+        metadata={
+            "description": "Endpoints with `ordering: per_account`: the unfinished delivery "
+            "of an earlier event about the same account that this one waits for (it starts "
+            "once that one succeeds or fails for good); null when it waits for none."
+        },
+    )
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
     succeeded_at = Timestamp(required=True, allow_none=True)
@@ -415,14 +451,19 @@ _DELIVERY_FIELDS = tuple(DeliverySchema().fields)
 _ATTEMPT_FIELDS = tuple(name for name in AttemptSchema().fields if name != "request_headers")
 
 
-def delivery_out(delivery: Delivery) -> dict[str, Any]:
-    """The delivery's values as DeliverySchema dumps them (plain data, session-free)."""
-    return {name: getattr(delivery, name) for name in _DELIVERY_FIELDS}
+def delivery_out(delivery: Delivery, held_by: str | None = None) -> dict[str, Any]:
+    """The delivery's values as DeliverySchema dumps them (plain data, session-free);
+    `held_by` from deliveries.holders."""
+    out = {name: getattr(delivery, name) for name in _DELIVERY_FIELDS if name != "held_by"}
+    out["held_by"] = held_by
+    return out
 
 
-def delivery_detail(delivery: Delivery, attempts: list[Attempt], body: str) -> dict[str, Any]:
+def delivery_detail(
+    delivery: Delivery, attempts: list[Attempt], body: str, held_by: str | None = None
+) -> dict[str, Any]:
     """A delivery with its attempts and event, as DeliveryDetailSchema dumps them."""
-    out = delivery_out(delivery)
+    out = delivery_out(delivery, held_by)
     out["attempts"] = [
         {
             **{name: getattr(a, name) for name in _ATTEMPT_FIELDS},

@@ -95,7 +95,7 @@ async function renderList(root, params) {
     { label: "Delivery", render: (d) => h("a", { href: `#/deliveries/${d.id}` }, d.id) },
     { label: "Endpoint", render: (d) => names[d.endpointId] || d.endpointId },
     { label: "Event type", render: (d) => d.eventType },
-    { label: "Status", render: (d) => badge(d.status) },
+    { label: "Status", render: (d) => (d.heldBy ? [badge(d.status), " ", heldBy(d)] : badge(d.status)) },
     { label: "Attempts", render: (d) => String(d.attemptCount) },
     { label: "Last response", render: (d) => (d.lastResponseStatus ?? d.lastError ?? "—") },
   ];
@@ -104,6 +104,11 @@ async function renderList(root, params) {
     table("Deliveries, newest first", columns, body.webhookDeliveries, { empty: "No deliveries match." }),
     pager(listState, body.nextCursor, (cursor) => go("/deliveries", { ...filters, cursor })),
   );
+}
+
+/** An ordered delivery waiting for an earlier one of its account: which (a link). */
+function heldBy(delivery) {
+  return h("span", { class: "held" }, "held by ", h("a", { href: `#/deliveries/${delivery.heldBy}` }, delivery.heldBy));
 }
 
 /** The headers of one attempt as sent, one per line. */
@@ -118,6 +123,7 @@ async function renderOne(root, deliveryId) {
     h("h1", {}, "Delivery ", code(delivery.id)),
     dl([
       ["Status", badge(delivery.status)],
+      ["Held by", delivery.heldBy ? heldBy(delivery) : "—"],
       ["Endpoint", h("a", { href: `#/endpoints/${delivery.endpointId}` }, delivery.endpointId)],
       ["Event", [code(delivery.eventId), " ", delivery.eventType]],
       ["Attempts", String(delivery.attemptCount)],
