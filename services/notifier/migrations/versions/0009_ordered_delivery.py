@@ -7,8 +7,8 @@
 - webhook_deliveries.order_key, order_seq: set on deliveries to an ordered endpoint;
   a partial index on the unfinished ones finds a delivery's open predecessors.
 
-Revision ID: notifier_0008
-Revises: notifier_0007
+Revision ID: notifier_0009
+Revises: notifier_0008
 Create Date: 2026-11-28 18:30:00
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "notifier_0008"
-down_revision: str | None = "notifier_0007"
+revision: str = "notifier_0009"
+down_revision: str | None = "notifier_0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
