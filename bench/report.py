@@ -31,6 +31,7 @@ BENCHES = [
     ("Deposit pipeline", "bench/pipeline.py", [], ["--quick"]),
     ("Chain watcher", "bench/watcher.py", [], ["--quick"]),
     ("Statements of a large tenant", "bench/statements.py", [], ["--quick"]),
+    ("Delivery SLA query", "bench/sla.py", [], ["--quick"]),
     ("Hostile request bodies", "bench/hostile_bodies.py", [], ["--rounds", "5"]),
     ("settle dev start", "bench/dev_start.py", [], ["--warm-runs", "1"]),
     ("Idle CPU of every process", "bench/idle.py", [], ["--seconds", "20", "--warmup", "5"]),

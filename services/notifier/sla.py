@@ -19,6 +19,8 @@ Over the deliveries made in the window [since, until) (their `created_at`):
   was made (null: none pending).
 
 Percentiles are PostgreSQL's `percentile_cont` (linear between the two nearest values).
+The window also bounds the ids of deliveries and attempts and the events' `received_at`
+(implied by it, see `_query`), so only the partitions it covers are read.
 """
 
 from __future__ import annotations
@@ -42,13 +44,19 @@ from services.notifier.models import (
     Endpoint,
     StoredEvent,
 )
+from services.notifier.retention import DELIVERY_ID_PREFIX
 from services.notifier.webhook_endpoints import ENDPOINT_DELETED
+from shared.ids import ulid_time_prefix
 from shared.timefmt import parse_iso
 
 #: The window when none is given.
 DEFAULT_SINCE = "7d"
 #: Longest window a duration may name (longer than any retention).
 MAX_WINDOW = timedelta(days=3660)
+#: How far before its `created_at` a delivery's id may have been minted (the same
+#: process's clock, moments apart: an hour is plenty).
+CLOCK_SLACK = timedelta(hours=1)
+
 _DURATION = re.compile(r"^([1-9][0-9]{0,6})([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -119,6 +127,9 @@ def _query(
     endpoint_id: str | None,
 ) -> sa.Select[Any]:
     first = sa.orm.aliased(Attempt)
+    # Implied by the window (a delivery's id is a ULID minted as it is made), and what
+    # the partitions of deliveries and attempts are ranged by: older ones are skipped.
+    floor = f"{DELIVERY_ID_PREFIX}{ulid_time_prefix(int((since - CLOCK_SLACK).timestamp() * 1000))}"
     status = Delivery.status
     unfinished = status.in_((PENDING, RETRYING))
     commit_to_success = sa.case(
@@ -147,10 +158,27 @@ def _query(
             _percentile(0.99, commit_to_success),
             sa.func.min(sa.case((unfinished, Delivery.created_at))),
         )
-        .join(StoredEvent, StoredEvent.id == Delivery.event_id)
+        .outerjoin(
+            StoredEvent,
+            sa.and_(
+                StoredEvent.id == Delivery.event_id,
+                # Only commit-to-success reads the event, and only a first delivery's,
+                # which the consumer makes as it stores the event: bounded so, the
+                # event partitions before the window are skipped too.
+                Delivery.replay_of.is_(None),
+                StoredEvent.received_at >= since - CLOCK_SLACK,
+            ),
+        )
         .join(Endpoint, Endpoint.id == Delivery.endpoint_id)
-        .outerjoin(first, sa.and_(first.delivery_id == Delivery.id, first.number == 1))
-        .where(Delivery.created_at >= since, Delivery.created_at < until)
+        .outerjoin(
+            first,
+            sa.and_(
+                first.delivery_id == Delivery.id,
+                first.number == 1,
+                first.delivery_id >= floor,
+            ),
+        )
+        .where(Delivery.created_at >= since, Delivery.created_at < until, Delivery.id >= floor)
         .group_by(Delivery.tenant_id, Delivery.endpoint_id, Endpoint.name)
         .order_by(Delivery.tenant_id, Delivery.endpoint_id)
     )

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
+from services import output
 from services.cli import main
 from services.notifier.models import (
     FAILED,
@@ -245,6 +246,19 @@ def test_the_stats_endpoint_and_settle_sla_agree_with_the_database(
     assert rows[quiet["id"]]["deliveries"] == 1 and rows[quiet["id"]]["pending"] == 1
     assert rows[quiet["id"]]["successRate"] is None  # nothing finished
     del to_quiet
+
+    # And on a terminal the same figures are a table, a row per endpoint
+    monkeypatch.setattr(output, "wants_json", lambda stream=None: False)
+    assert main(["sla", "--tenant", tenant.tenant_id]) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if "oldest_pending_s" in line).split()
+    (ledger_line,) = [line.split() for line in table if ledger["id"] in line]
+    shown = dict(zip(header, ledger_line, strict=True))
+    assert shown["deliveries"] == "9" and shown["exhausted"] == "1"
+    assert shown["success_%"] == f"{100 * rows[ledger['id']]['successRate']:.2f}" == "60.00"
+    monkeypatch.undo()
+    monkeypatch.setenv("SETTLE_DATABASE_URL", pg_url)
+    monkeypatch.setenv("SETTLE_ENV", "dev")
 
     # And without --tenant the other tenant's endpoint is there too
     assert main(["sla", "--json"]) == 0
