@@ -10,36 +10,47 @@ from collections.abc import Iterator, Mapping, Sequence
 
 #: Commands that need no database of an existing data dir: `dev` makes one, `listen`
 #: talks to a running Settle over HTTP, `keys` only makes a key pair.
-_NO_DATA_DIR = frozenset({"dev", "listen", "keys"})
+_NO_DATA_DIR = frozenset({"dev", "listen", "keys", "events"})
 
 
 #: Every top-level command: the module that registers it, and its one-line help.
-#: `settle --help` and a command's parsing import only what they name, so they start
-#: fast (the services' modules pull in SQLAlchemy, Flask, web3, Alembic).
+#: `settle --help` and a command's parsing import only what they name, and those
+#: modules import nothing heavy (handlers are imported when their command runs:
+#: services/commands.py), so help answers at once without SQLAlchemy, Flask, web3...
 COMMANDS: dict[str, tuple[str, str]] = {
-    "dev": ("services.dev", "everything in one process (embedded PostgreSQL and broker)"),
+    "dev": ("services.commands", "everything in one process (embedded PostgreSQL and broker)"),
     "listen": (
         "services.listen",
         "receive, verify and print webhooks locally (registers a dev endpoint)",
     ),
-    "tenants": ("services.core.cli", "tenants"),
-    "api-keys": ("services.core.cli", "API keys"),
-    "members": ("services.core.cli", "portal members"),
-    "db": ("services.core.cli", "database"),
-    "audit": ("services.core.cli", "the audit log"),
-    "core": ("services.core.cli", "core processes"),
-    "deposits": ("services.core.deposits.cli", "ops actions on deposits"),
-    "notifier": ("services.notifier.cli", "notifier processes"),
-    "deliveries": ("services.notifier.ops", "webhook deliveries (ops)"),
-    "endpoints": ("services.notifier.ops", "webhook endpoints (ops)"),
+    "tenants": ("services.core.commands", "tenants"),
+    "api-keys": ("services.core.commands", "API keys"),
+    "members": ("services.core.commands", "portal members"),
+    "db": ("services.core.commands", "database"),
+    "audit": ("services.core.commands", "the audit log"),
+    "core": ("services.core.commands", "core processes"),
+    "deposits": (
+        "services.core.deposits.cli",
+        "deposits: list and show over the API; credit, fail, retry (ops-only, server-side)",
+    ),
+    "notifier": ("services.notifier.commands", "notifier processes"),
+    "deliveries": (
+        "services.support",
+        "webhook deliveries (over the API with a key, or server-side)",
+    ),
+    "endpoints": (
+        "services.support",
+        "webhook endpoints (over the API with a key, or server-side)",
+    ),
+    "events": ("services.support", "the event catalog: every type and pattern"),
     "sla": (
-        "services.notifier.ops",
+        "services.support",
         "delivery SLA per tenant and endpoint: counts, success rate, p50/p99 of "
         "first-attempt latency and commit-to-success time, oldest pending",
     ),
     "keys": ("services.keys", "deposit keys for a deployment"),
     "reconcile": (
-        "services.reconcile",
+        "services.commands",
         "check that every event reached the notifier, once, intact, and that the hot wallet "
         "paid only what Settle recorded (exit 1 if not)",
     ),
@@ -166,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A sub-command that reads no database says so (`settle sweep sign`, offline).
     needs_data = getattr(args, "needs_data_dir", True)
+    if callable(needs_data):  # e.g. only when no API URL is given (services/support.py)
+        needs_data = needs_data(args)
     problem = missing_data_dir(args.command, os.environ) if needs_data else None
     if problem is not None:
         sys.stderr.write(f"settle {args.command}: {problem}\n")

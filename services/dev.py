@@ -282,10 +282,3 @@ def _request_handler() -> type[Any]:
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("dev", help="everything in one process (embedded PostgreSQL and broker)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.set_defaults(func=run_dev)

@@ -38,6 +38,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from services.commands import add_reconcile
 from services.core.config import CoreConfig
 from services.core.deposits import states
 from services.core.deposits.models import Deposit
@@ -57,7 +58,7 @@ from services.notifier.models import (
 from shared import events
 from shared.db import Database, normalize_url
 from shared.settings import SettingsError
-from shared.timefmt import iso_ms, parse_iso, utcnow
+from shared.timefmt import iso_ms, utcnow
 
 # -- kinds of discrepancy (docs/RECONCILE.md) ------------------------------------------
 
@@ -115,7 +116,6 @@ CHUNK = 1000
 PRINT_LIMIT = 20
 #: CLI defaults: the last day; events younger than a minute are in flight, not lost.
 DEFAULT_WINDOW = timedelta(hours=24)
-DEFAULT_SETTLE_S = 60.0
 
 #: Durable deposit event types -> their status (ids `evt_dep_<depositId>_<status>`).
 _DURABLE_TYPES: dict[str, str] = {states.EVENT_TYPES[s]: s for s in events.DURABLE_DEPOSIT_STATUSES}
@@ -843,23 +843,6 @@ def _chains_from_env(which: str) -> dict[int, ChainBalances]:
     return chains
 
 
-def _time(text: str) -> datetime:
-    try:
-        return parse_iso(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
-    return value
-
-
 def run_command(
     args: argparse.Namespace,
     make_databases: DatabasesFactory,
@@ -908,45 +891,14 @@ def run_command(
     return 0 if report.clean else 1
 
 
+def command(args: argparse.Namespace) -> int:
+    """`settle reconcile` on the databases the environment names."""
+    return run_command(args, _databases_from_env)
+
+
 def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     make_databases: DatabasesFactory = _databases_from_env,
 ) -> None:
-    """Add `settle reconcile`."""
-    p = sub.add_parser(
-        "reconcile",
-        help="check that every event reached the notifier, once, intact, and that the hot wallet "
-        "paid only what Settle recorded (exit 1 if not)",
-        description="Compare core's outbox and deposits with the notifier's events and"
-        " deliveries for events created in [since, until). Exit 0 when clean, 1 on any"
-        " discrepancy, 2 when the check could not run. See docs/RECONCILE.md.",
-    )
-    p.add_argument("--since", type=_time, help="ISO 8601 (default: 24 h before --until)")
-    p.add_argument("--until", type=_time, help="ISO 8601, exclusive (default: now)")
-    p.add_argument(
-        "--settle-seconds",
-        type=_seconds,
-        default=DEFAULT_SETTLE_S,
-        metavar="N",
-        help=f"time an event or delivery may be in flight (default {DEFAULT_SETTLE_S:g})",
-    )
-    p.add_argument(
-        "--require-delivered",
-        action="store_true",
-        help="a live endpoint's delivery not succeeded after the settle time is a discrepancy",
-    )
-    p.add_argument("--tenant", action="append", metavar="ID", help="only this tenant (repeatable)")
-    p.add_argument(
-        "--chain-balances",
-        choices=("deposited", "all", "none"),
-        default="deposited",
-        help="deposit addresses whose balances are read on each chain with a node"
-        " (SETTLE_RPC_URL_<id>): those with deposits or sweeps (default), all, or none",
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--no-chain",
-        action="store_true",
-        help="do not read the hot wallet's payouts from the chains' nodes",
-    )
-    p.set_defaults(func=lambda args: run_command(args, make_databases))
+    """Add `settle reconcile` reading `make_databases()` (tests give their own)."""
+    add_reconcile(sub, lambda args: run_command(args, make_databases))

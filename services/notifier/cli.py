@@ -52,7 +52,7 @@ def notifier_api(args: argparse.Namespace) -> int:
         "services.notifier.wsgi:app",
         host=args.host,
         port=args.port,
-        workers=args.workers,
+        workers=args.workers or default_workers(),
         threads=args.threads,
     )
     return 0
@@ -155,37 +155,3 @@ def _supervise_workers(processes: int, threads: int | None) -> int:
                 child.kill()
                 child.wait(5)
     return code
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    notifier = sub.add_parser("notifier", help="notifier processes").add_subparsers(
-        dest="action", required=True
-    )
-    p = notifier.add_parser("api", help="serve the notifier's HTTP API with gunicorn")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--workers", type=int, default=default_workers())
-    p.add_argument("--threads", type=int, default=4)
-    p.set_defaults(func=notifier_api)
-
-    p = notifier.add_parser(
-        "consume", help="store domain events from RabbitMQ and fan out deliveries (+ sweeper)"
-    )
-    p.set_defaults(func=notifier_consume)
-
-    p = notifier.add_parser("worker", help="send deliveries (Dramatiq worker threads)")
-    p.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="threads per process (SETTLE_NOTIFIER_WORKER_THREADS)",
-    )
-    p.set_defaults(func=notifier_worker)
-
-    p = notifier.add_parser(
-        "upgrade-queues",
-        help="replace classic queues of an older deployment by quorum queues "
-        "(notifier and core's relay stopped; docs/DEPLOY.md)",
-    )
-    p.set_defaults(func=notifier_upgrade_queues)

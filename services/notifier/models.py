@@ -11,14 +11,15 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from services.notifier.statuses import DELIVERY_STATUSES as DELIVERY_STATUSES
+from services.notifier.statuses import FAILED as FAILED
+from services.notifier.statuses import PENDING as PENDING
+from services.notifier.statuses import RETRYING as RETRYING
+from services.notifier.statuses import SKIPPED as SKIPPED
+from services.notifier.statuses import SUCCEEDED as SUCCEEDED
 from shared.db import BigIntPK, JSONType, UTCDateTime
 from shared.idempotency import IdempotencyRecordMixin
 
-#: Delivery statuses. `skipped` (an extension): its endpoint was disabled; enabling the
-#: endpoint again (or `recover`) sends it.
-PENDING, RETRYING, SUCCEEDED, FAILED = "pending", "retrying", "succeeded", "failed"
-SKIPPED = "skipped"
-DELIVERY_STATUSES = (PENDING, RETRYING, SUCCEEDED, FAILED, SKIPPED)
 #: Endpoint statuses.
 ENABLED, DISABLED = "enabled", "disabled"
 #: An endpoint's `ordering`: events about one deposit account in commit order.

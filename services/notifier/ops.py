@@ -1,4 +1,6 @@
-"""Ops command line for webhooks: `settle deliveries ...` and `settle endpoints ...`.
+"""Server-side ops commands for webhooks: `settle deliveries ...`, `settle endpoints ...`
+run without an API URL (registered by services/support.py, which also runs them over
+the API with a key).
 
 Operators act across tenants (`--tenant` narrows), so these read and write the
 notifier's database directly, through the same domain functions as the API, and
@@ -27,17 +29,16 @@ from services.notifier.api.schemas import (
 )
 from services.notifier.config import NotifierConfig
 from services.notifier.context import NotifierContext
-from services.notifier.models import DELIVERY_STATUSES, DISABLED, ENABLED, PENDING
+from services.notifier.models import DISABLED, ENABLED, PENDING
 from shared.audit.log import Actor, Change, record
 from shared.errors import ApiError
-from shared.events import EVENT_TYPES
 from shared.timefmt import iso_ms, parse_iso, utcnow
 
 #: Builds the context a command runs with (tests pass their own).
 ContextFactory = Callable[[], NotifierContext]
 
 
-def _default_context() -> NotifierContext:
+def default_context() -> NotifierContext:
     return NotifierContext.build(NotifierConfig.from_env())
 
 
@@ -45,11 +46,14 @@ def _print(schema: Any, payload: dict[str, Any]) -> None:
     output.emit(schema.dump(payload))
 
 
-def _time(text: str) -> Any:
+def _time(text: str | None) -> Any:
+    """An ISO 8601 option as a time (None when not given); a bad one is a 400."""
+    if text is None:
+        return None
     try:
         return parse_iso(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+        raise ApiError(f"not an ISO 8601 time: {text!r}") from None
 
 
 def deliveries_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
@@ -58,8 +62,8 @@ def deliveries_list(ctx: NotifierContext, args: argparse.Namespace) -> int:
         event_id=args.event,
         event_type=args.type,
         status=args.status,
-        created_after=args.since,
-        created_before=args.until,
+        created_after=_time(args.since),
+        created_before=_time(args.until),
     )
     with ctx.db.reader() as session:  # printed inside: closing a reader expires rows
         page = deliveries.list_deliveries(
@@ -163,7 +167,8 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
     return run
 
 
-def _since(text: str) -> Any:
+def sla_since(text: str) -> Any:
+    """`settle sla --since`: 7d, 24h, 30m ... or an ISO 8601 time."""
     try:
         return sla.parse_since(text, utcnow())
     except ValueError as exc:
@@ -210,7 +215,11 @@ def sla_report(ctx: NotifierContext, args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(
+endpoints_disable = _set_status(DISABLED)
+endpoints_enable = _set_status(ENABLED)
+
+
+def command(
     fn: Callable[[NotifierContext, argparse.Namespace], int], make_context: ContextFactory
 ) -> Callable[[argparse.Namespace], int]:
     """An argparse handler: builds the context, runs `fn`, answers errors on stderr (exit 2)."""
@@ -223,78 +232,8 @@ def _command(
             sys.stderr.write(f"error: {err.code}: {err.message}\n")
             return 2
         finally:
-            if make_context is _default_context:  # ours to close; a given one is the caller's
+            if make_context is default_context:  # ours to close; a given one is the caller's
                 ctx.db.dispose()
                 ctx.identity_db.dispose()
 
     return run
-
-
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    make_context: ContextFactory = _default_context,
-) -> None:
-    """Add `deliveries list|show|replay`, `endpoints list|disable|enable` and `sla`."""
-    group = sub.add_parser("deliveries", help="webhook deliveries (ops)")
-    actions = group.add_subparsers(dest="action", required=True)
-
-    p = actions.add_parser("list", help="list deliveries, newest first, as JSON")
-    p.add_argument("--tenant", help="only this tenant's")
-    p.add_argument("--endpoint", help="only to this endpoint (we_...)")
-    p.add_argument("--event", help="only of this event (evt_...)")
-    p.add_argument("--type", choices=EVENT_TYPES, help="only of this event type")
-    p.add_argument("--status", choices=DELIVERY_STATUSES)
-    p.add_argument("--since", type=_time, help="created at or after (ISO 8601)")
-    p.add_argument("--until", type=_time, help="created before (ISO 8601)")
-    p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
-    p.add_argument("--cursor", help="the next page: the nextCursor a list printed")
-    p.set_defaults(func=_command(deliveries_list, make_context))
-
-    p = actions.add_parser("show", help="one delivery with its attempts and event")
-    p.add_argument("delivery_id")
-    p.add_argument("--tenant", help="refuse unless it is this tenant's")
-    p.set_defaults(func=_command(deliveries_show, make_context))
-
-    p = actions.add_parser("replay", help="send a delivery's event again as a new delivery")
-    p.add_argument("delivery_id")
-    p.add_argument(
-        "--wait",
-        type=float,
-        nargs="?",
-        const=120.0,
-        default=0.0,
-        metavar="SECONDS",
-        help="wait (default 120 s) until it has been attempted, showing progress",
-    )
-    p.add_argument("--tenant", help="refuse unless it is this tenant's")
-    p.set_defaults(func=_command(deliveries_replay, make_context))
-
-    group = sub.add_parser("endpoints", help="webhook endpoints (ops)")
-    actions = group.add_subparsers(dest="action", required=True)
-
-    p = actions.add_parser("list", help="list live endpoints, newest first, as JSON")
-    p.add_argument("--tenant", help="only this tenant's")
-    p.add_argument("--limit", type=int, default=50, choices=range(1, 1001), metavar="1..1000")
-    p.add_argument("--cursor", help="the next page: the nextCursor a list printed")
-    p.set_defaults(func=_command(endpoints_list, make_context))
-
-    for action, status in (("disable", DISABLED), ("enable", ENABLED)):
-        p = actions.add_parser(action, help=f"{action} an endpoint")
-        p.add_argument("endpoint_id")
-        p.add_argument("--tenant", help="refuse unless it is this tenant's")
-        p.set_defaults(func=_command(_set_status(status), make_context))
-
-    p = sub.add_parser(
-        "sla",
-        help="delivery SLA per tenant and endpoint: counts, success rate, p50/p99 of "
-        "first-attempt latency and commit-to-success time, oldest pending",
-    )
-    p.add_argument(
-        "--since",
-        type=_since,
-        default=None,
-        help=f"deliveries made since: 7d, 24h, 30m (s, m, h, d, w) or an ISO 8601 time "
-        f"(default {sla.DEFAULT_SINCE})",
-    )
-    p.add_argument("--tenant", help="only this tenant's endpoints")
-    p.set_defaults(func=_command(sla_report, make_context))

@@ -13,27 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from shared.db import JSONType, UTCDateTime
+from shared.identity.scopes import ROLES as ROLES  # re-exported: defined there, light
+from shared.identity.scopes import SCOPES as SCOPES
 from shared.timefmt import utcnow
-
-#: Portal roles, lowest first.
-ROLES: tuple[str, ...] = ("viewer", "developer", "admin", "owner")
-
-#: Every API key scope.
-SCOPES: tuple[str, ...] = (
-    "destination_policy:read",
-    "destination_policy:write",
-    "deposit_accounts:read",
-    "deposit_accounts:write",
-    "deposits:read",
-    "fees:read",
-    "webhooks:read",
-    "webhooks:write",
-    "sandbox:write",
-    "portal:write",
-    "api_keys:write",
-    "members:write",
-    "audit:read",
-)
 
 #: The lowest role whose session may do what a key with each scope may do. A viewer
 #: reads everything of its tenant; a developer also writes (policy, destinations,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from services.notifier import ops
+from services import support
 from services.notifier.context import NotifierContext
 from services.notifier.models import FAILED, SUCCEEDED
 from shared import events
@@ -39,9 +39,9 @@ def settle(
     parser = argparse.ArgumentParser(prog="settle")
     sub = parser.add_subparsers(dest="command", required=True)
     if ctx is None:
-        ops.register(sub)
+        support.register(sub)
     else:
-        ops.register(sub, make_context=lambda: ctx)
+        support.register(sub, make_context=lambda: ctx)
     args = parser.parse_args(list(argv))
     code = args.func(args)
     captured = capsys.readouterr()

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from services import output
-from shared.errors import ApiError
+from services.commands import guarded
+from services.support import add_deposit_commands, ops_only
 
 if TYPE_CHECKING:
     from services.core.deposits.incidents import Incidents
@@ -166,41 +167,34 @@ def _chain_id(text: str) -> int:
     return int(text)
 
 
-def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except ApiError as err:
-            sys.stderr.write(f"error: {err.code}: {err.message}\n")
-            return 2
-
-    return run
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    deposits = sub.add_parser("deposits", help="ops actions on deposits").add_subparsers(
-        dest="action", required=True
-    )
+    deposits = sub.add_parser(
+        "deposits",
+        help="deposits: list and show over the API; credit, fail, retry (ops-only, server-side)",
+    ).add_subparsers(dest="action", required=True)
+    add_deposit_commands(deposits)
     p = deposits.add_parser(
-        "credit", help="mark a deposit credited by hand (manual review or stuck deposits)"
+        "credit",
+        help="ops-only, server-side: mark a deposit credited by hand (manual review or stuck)",
     )
     p.add_argument("deposit_id", metavar="DEPOSIT_ID")
     p.add_argument("--tx", required=True, help="hash of the transaction that paid the credit")
     p.add_argument("--by", help="who is acting (default: the OS user)")
     p.add_argument("--reason", help="why, for the record")
-    p.set_defaults(func=_guard(credit))
-    p = deposits.add_parser("fail", help="mark a deposit failed by hand")
+    ops_only(p, "deposits credit", guarded(credit))
+    p = deposits.add_parser("fail", help="ops-only, server-side: mark a deposit failed by hand")
     p.add_argument("deposit_id", metavar="DEPOSIT_ID")
     p.add_argument("--reason", required=True, help="becomes the deposit's failureReason")
     p.add_argument("--by", help="who is acting (default: the OS user)")
-    p.set_defaults(func=_guard(fail))
+    ops_only(p, "deposits fail", guarded(fail))
     p = deposits.add_parser(
-        "retry", help="put a deposit in manual review back into settlement (it is paid afresh)"
+        "retry",
+        help="ops-only, server-side: put a deposit in manual review back into settlement",
     )
     p.add_argument("deposit_id", metavar="DEPOSIT_ID")
     p.add_argument("--reason", help="why, for the record (e.g. the hot wallet was topped up)")
     p.add_argument("--by", help="who is acting (default: the OS user)")
-    p.set_defaults(func=_guard(retry))
+    ops_only(p, "deposits retry", guarded(retry))
 
     incidents = sub.add_parser(
         "incidents", help="chain incidents Settle raised (ops)"
@@ -209,7 +203,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--chain", type=_chain_id, help="only this chain id")
     p.add_argument("--all", action="store_true", help="resolved ones too")
     p.add_argument("--limit", type=_limit, default=100, help="at most this many (1-1000)")
-    p.set_defaults(func=_guard(incidents_list))
+    p.set_defaults(func=guarded(incidents_list))
     p = incidents.add_parser(
         "resolve",
         help="close an incident, saying why (a nonce gap: checked on chain, then payments resume)",
@@ -217,4 +211,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("incident_id", metavar="INCIDENT_ID")
     p.add_argument("--reason", required=True, help="what was checked or done, for the record")
     p.add_argument("--by", help="who is acting (default: the OS user)")
-    p.set_defaults(func=_guard(incidents_resolve))
+    p.set_defaults(func=guarded(incidents_resolve))
