@@ -12,8 +12,10 @@ import argparse
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from shared.partitions import PartitionedTable, PruneReport
+if TYPE_CHECKING:  # imported when the command runs: `settle prune --help` stays light
+    from shared.partitions import PartitionedTable, PruneReport
 
 
 def targets(env: Mapping[str, str]) -> list[tuple[str, Sequence[PartitionedTable]]]:
@@ -33,6 +35,7 @@ def prune_all(
 ) -> PruneReport:
     from shared import partitions
     from shared.db import make_engine
+    from shared.partitions import PruneReport
 
     now = clock()
     report = PruneReport(dry_run, now)
