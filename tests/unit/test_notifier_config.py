@@ -85,6 +85,9 @@ def test_engine_settings_come_from_the_config_only() -> None:
         ("SETTLE_NOTIFIER_PREFETCH", "0"),
         ("SETTLE_NOTIFIER_PREFETCH", "-3"),
         ("SETTLE_NOTIFIER_PREFETCH", "many"),
+        ("SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS", "0"),
+        ("SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS", "-1"),
+        ("SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS", "three"),
     ],
 )
 def test_a_bad_engine_knob_is_refused_naming_the_variable(name: str, value: str) -> None:
@@ -94,3 +97,10 @@ def test_a_bad_engine_knob_is_refused_naming_the_variable(name: str, value: str)
     # The message names the variable and echoes the value, like the other settings do
     assert str(refused.value).startswith(f"{name} must be")
     assert repr(value) in str(refused.value)
+
+
+def test_an_endpoint_is_failing_after_five_attempts_unless_told_otherwise() -> None:
+    assert NotifierConfig.from_env({}).failing_after_attempts == 5
+    env = {"SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS": "12"}
+    assert NotifierConfig.from_env(env).failing_after_attempts == 12
+
