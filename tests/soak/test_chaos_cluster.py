@@ -104,6 +104,7 @@ def _largest_gap(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(points))
 
 
+@pytest.mark.timeout(480)  # three Erlang boots and a rejoin on a busy machine
 def test_a_node_loss_and_a_database_failover_lose_nothing() -> None:
     with RabbitCluster(3) as rabbit, PgCluster() as pg, Receiver() as rx:
         url = pg.create_database("settle_chaos")
@@ -208,7 +209,9 @@ def test_a_node_loss_and_a_database_failover_lose_nothing() -> None:
                 "traffic stopped"
             ]
             for name, (at, took) in switches.items():
-                gap = _largest_gap(times, at - 1, at + 2 * PHASE_S / 3)
+                # From the switch's start to a while after it returned (a node's stop
+                # drops its connections somewhere inside the call)
+                gap = _largest_gap(times, at, at + took + 2 * PHASE_S / 3)
                 commit = max(
                     (s for started, s in emitter.slowest if abs(started - _mono(at)) < 5),
                     default=0.0,
