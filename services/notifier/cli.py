@@ -107,6 +107,9 @@ def notifier_upgrade_queues(args: argparse.Namespace) -> int:
     from shared.bus import BusNames, node_parameters
 
     config = _engine_config()
+    # pika narrates every connection and each 404 of a queue not declared yet: the lines
+    # below say what happened to each queue.
+    logging.getLogger("pika").setLevel(logging.ERROR)
     connection = pika.BlockingConnection(node_parameters(config.amqp_url or ""))
     try:
         replaced = queue_admin.upgrade(
