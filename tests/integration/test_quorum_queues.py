@@ -5,6 +5,8 @@ an event or a dead letter."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from services.notifier import queue_admin
 from services.notifier.broker import DeliveryQueues, build_broker
 from services.notifier.consumer import declare_topology
 from services.notifier.metrics import DeadLetterCollector
-from shared import topology
+from shared import events, topology
 from shared.bus import BusNames
 from tests.support import keys
 from tests.support.pipeline import delete_bus, notifier_config, unique_prefix
@@ -232,3 +234,43 @@ def _core(tmp_path: Path) -> object:
         "SETTLE_DEPOSIT_XPUB": keys.test_xpub(),
     }
     return replace(CoreConfig.from_env(env), amqp_url=AMQP_URL)
+
+
+def test_a_database_outage_does_not_count_toward_the_delivery_limit(names: BusNames) -> None:
+    """The consumer keeps a batch in hand while the database is down, trying again with
+    backoff, instead of returning it each time: a long failover would otherwise hand a
+    good event out EVENT_DELIVERY_LIMIT times and dead-letter it as poison."""
+    import threading
+
+    from services.notifier.delivery_engine import EngineSettings, build_engine
+    from tests.support.processes import free_port
+
+    closed = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing"
+    engine = build_engine(notifier_config(closed), EngineSettings(names=names, prefetch=8))
+    consumer = engine.consumer()
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(stop,), kwargs={"ready": ready})
+    thread.start()
+    try:
+        assert ready.wait(15)
+        publish = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        channel = publish.channel()
+        channel.confirm_delivery()
+        body = json.dumps(
+            events.envelope(events.DEPOSIT_CREDITED, "ten_1", {"deposit": {"id": "dep_1"}})
+        ).encode()
+        # As core's relay sends it: its user (trusted) stamped as user_id
+        props = pika.BasicProperties(user_id="guest", delivery_mode=2)
+        channel.basic_publish(names.exchange, events.DEPOSIT_CREDITED, body, props)
+        # While the database stays down through several tries (0.2 + 0.4 + 0.8 + 1.6 s)
+        time.sleep(3.5)
+    finally:
+        stop.set()
+        thread.join(20)
+        engine.broker.close()
+    # Then the message went back when the consumer stopped (its requeue, and the consumer's
+    # prefetch at the close), not once per try
+    method, props, _body = channel.basic_get(names.notifier_queue, auto_ack=True)
+    publish.close()
+    assert method is not None
+    assert (props.headers or {}).get("x-delivery-count", 0) <= 2
