@@ -26,21 +26,25 @@ Notes for callers (they hold for every reader here):
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import requests
+import urllib3
 from eth_hash.auto import keccak as keccak_256
 from eth_utils import keccak
 from hexbytes import HexBytes
+from requests.utils import get_environ_proxies
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 from web3.middleware import ExtraDataToPOAMiddleware
+from web3.types import RPCEndpoint
 
 from services.core.checksums import checksum
-from services.core.jsonrpc import JsonRpcHttp
 
 #: topic0 of `Transfer(address,address,uint256)` (ERC-20 and ERC-721 alike).
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
@@ -51,6 +55,10 @@ DEFAULT_MAX_BLOCK_SPAN = 1_000
 HEADER_BATCH = 100
 #: JSON-RPC timeout of a reader whose provider names none (web3's own default).
 DEFAULT_TIMEOUT_S = 30.0
+#: Tries of a reading call after the first (`read_session`).
+READ_RETRIES = 2
+#: HTTP answers worth another try of a reading call.
+READ_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,16 @@ class NodeError(RuntimeError):
         super().__init__(f"{method}: {code} {message}")
         self.code = code
         self.message = message
+
+
+class MalformedAnswer(RuntimeError):
+    """What came back is not the JSON-RPC answer to the call: a fault of the transport
+    (like a dropped connection or an HTTP error: what happened is unknown), never a
+    `NodeError`, which is the node's own answer."""
+
+    def __init__(self, method: str, detail: str) -> None:
+        super().__init__(f"{method}: {detail[:200]}")
+        self.method = method
 
 
 class ChainReader(Protocol):
@@ -240,9 +258,58 @@ def decode_transfer(chain_id: int, log: dict[str, Any]) -> TransferLog | None:
     )
 
 
-def connect(url: str, timeout: float) -> Web3:
-    """A Web3 over HTTP JSON-RPC that tolerates proof-of-authority block headers."""
-    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": timeout}))
+def read_session(url: str) -> requests.Session:
+    """The HTTP session of a reader's provider for the node at `url`: a read whose
+    connection fails or drops, or that is answered 429 or 5xx, is tried twice more (at
+    once, then 0.2 s later; a Retry-After is not waited for: the watcher's next round is
+    the longer wait), single calls and batches alike. Reads only: a broadcast is never
+    sent again by transport (the hot wallet's provider has no retries; the payment
+    logic decides).
+
+    What requests takes from the environment on every call (the proxy settings, the CA
+    bundle: a sixth of a call's CPU, and a watcher round is a dozen calls) is read
+    once, here, the same way (`get_environ_proxies`, `REQUESTS_CA_BUNDLE`/`CURL_CA_BUNDLE`).
+    """
+    retry = urllib3.Retry(
+        total=READ_RETRIES,
+        connect=READ_RETRIES,
+        read=READ_RETRIES,
+        status=READ_RETRIES,
+        other=0,
+        allowed_methods=None,  # POST too: every call made on this session is a read
+        status_forcelist=READ_RETRY_STATUSES,
+        backoff_factor=0.1,
+        respect_retry_after_header=False,
+        raise_on_status=False,  # the last answer's status is raised by web3 (HTTPError)
+    )
+    adapter = requests.adapters.HTTPAdapter(max_retries=retry, pool_maxsize=4)
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.trust_env = False
+    session.proxies = get_environ_proxies(url)
+    session.verify = (
+        os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+    )
+    return session
+
+
+def connect(url: str, timeout: float, *, session: requests.Session | None = None) -> Web3:
+    """A Web3 over HTTP JSON-RPC that tolerates proof-of-authority block headers.
+
+    With `session` (`read_session`), its requests go through it and web3's own retries
+    are off (the session's are the reader's); without, web3's defaults.
+    """
+    if session is None:
+        provider = HTTPProvider(url, request_kwargs={"timeout": timeout})
+    else:
+        provider = HTTPProvider(
+            url,
+            request_kwargs={"timeout": timeout},
+            session=session,
+            exception_retry_configuration=None,
+        )
+    w3 = Web3(provider)
     # Polygon/BSC-style headers carry >32-byte extraData, which web3's validation
     # rejects when fetching a block; this middleware moves it aside (harmless elsewhere).
     w3.middleware_onion.inject(ExtraDataToPOAMiddleware, layer=0)
@@ -262,7 +329,14 @@ def receipt_status(w3: Web3, tx_hash: str) -> tuple[int, int] | None:
 
 
 class Web3ChainReader(ChainReader):
-    """ChainReader over a JSON-RPC node (`web3.HTTPProvider`), reading wire JSON directly."""
+    """ChainReader over a JSON-RPC node through web3's `HTTPProvider`, reading the wire
+    JSON it returns directly (`make_request`, `make_batch_request`: no result formatters).
+
+    The line between the two kinds of failure stays exact: a JSON-RPC error object is a
+    `NodeError` (the node answered); anything else (a connection that failed or dropped,
+    a timeout, an HTTP error status, an answer that is not the call's) raises the
+    transport's own exception or `MalformedAnswer`, never a `NodeError`: unknown.
+    """
 
     def __init__(
         self,
@@ -277,9 +351,7 @@ class Web3ChainReader(ChainReader):
         provider = w3.provider
         if not isinstance(provider, HTTPProvider) or provider.endpoint_uri is None:
             raise TypeError("a Web3ChainReader reads over HTTP(S): give it an HTTPProvider")
-        timeout = dict(provider.get_request_kwargs()).get("timeout", DEFAULT_TIMEOUT_S)
-        #: The reading calls' transport (web3's provider costs twice the CPU a call).
-        self.rpc = JsonRpcHttp(str(provider.endpoint_uri), float(timeout))
+        self.provider: HTTPProvider = provider
         self.max_block_span = max_block_span
         self._configured_chain_id = chain_id
         self._chain_id: int | None = None
@@ -290,11 +362,13 @@ class Web3ChainReader(ChainReader):
     def from_url(
         cls, url: str, timeout: float, chain_id: int | None = None, **kwargs: int
     ) -> Web3ChainReader:
-        """A reader over the JSON-RPC node at `url`."""
-        return cls(connect(url, timeout), chain_id, **kwargs)
+        """A reader over the JSON-RPC node at `url` (its calls retried: `read_session`)."""
+        return cls(connect(url, timeout, session=read_session(url)), chain_id, **kwargs)
 
     def _call(self, method: str, params: list[Any]) -> Any:
-        response = self.rpc.call(method, params)
+        response = self.provider.make_request(RPCEndpoint(method), params)
+        if not isinstance(response, dict) or not ("result" in response or "error" in response):
+            raise MalformedAnswer(method, f"not a JSON-RPC response: {response!r}")
         error = response.get("error")
         if error is not None:
             if isinstance(error, dict):
@@ -337,7 +411,7 @@ class Web3ChainReader(ChainReader):
             chunk = wanted[i : i + HEADER_BATCH]
             answers = None
             if len(chunk) > 1:
-                answers = self.rpc.batch("eth_getBlockByNumber", [[hex(n), False] for n in chunk])
+                answers = self._batch("eth_getBlockByNumber", [[hex(n), False] for n in chunk])
             if answers is None:  # one block, or the provider refused the batch
                 for n in chunk:
                     if n < 0:
@@ -351,8 +425,22 @@ class Web3ChainReader(ChainReader):
                     raise NodeError("eth_getBlockByNumber", 0, str(answer["error"]))
                 header = _header(answer.get("result"))
                 if header is not None:
+                    if header.number != n:  # answers matched to calls by id: check it
+                        raise MalformedAnswer(
+                            "eth_getBlockByNumber", f"block {header.number} asked for {n}"
+                        )
                     headers[n] = header
         return headers
+
+    def _batch(self, method: str, params: Sequence[list[Any]]) -> list[dict[str, Any]] | None:
+        """Calls of one method in one JSON-RPC batch, answers in the order asked (web3
+        orders them by id); None when the node refuses batches (one error object)."""
+        answers = self.provider.make_batch_request([(RPCEndpoint(method), p) for p in params])
+        if not isinstance(answers, list):
+            return None
+        if len(answers) != len(params) or not all(isinstance(a, dict) for a in answers):
+            raise MalformedAnswer(method, f"{len(params)} calls batched, answered {answers!r}")
+        return [dict(a) for a in answers]
 
     def tagged_block(self, tag: str) -> BlockRef | None:
         """The `finalized` / `safe` block, or None when the node does not offer the tag."""

@@ -266,7 +266,7 @@ def test_receipt_poll_fails_while_the_transaction_is_mined(net: Net) -> None:
 
 
 def test_web3_retries_reads_on_transport_faults_but_not_broadcasts(net: Net) -> None:
-    # The reader (services/core/jsonrpc.py), as web3's HTTPProvider for read methods,
+    # The reader (web3's HTTPProvider on evm.read_session), as web3's defaults for reads,
     # retries on timeouts, resets and HTTP errors: a fault meant to reach Settle's code
     # must outlast those retries (times=None).
     net.proxy.fail("eth_blockNumber", Fault.HTTP_429, times=2)
