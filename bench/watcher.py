@@ -25,6 +25,7 @@ too (it depends on the machine's other load; the CPU figures much less).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import resource
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlalchemy as sa
 
-from bench.harness import PG_ADMIN_URL, fresh_database, machine
+from bench.harness import PG_ADMIN_URL, drop_database, fresh_database, machine
 from services.core.chains import ChainRegistry, parse_chains
 from services.core.deposits import states
 from services.core.deposits.addressbook import AddressBook
@@ -195,7 +196,11 @@ def main() -> int:
     quiet = 10 if args.quick else 50
     per_block = args.per_block
 
-    url = fresh_database("settle_bench_watcher")
+    # A database of this run's own, dropped at exit: two runs at once (a shared machine)
+    # must not drop each other's mid-run, as a fixed name did.
+    name = f"settle_bench_watcher_{os.getpid()}"
+    url = fresh_database(name)
+    atexit.register(drop_database, name)
     db = Database(url, pool_size=4)
     started = time.perf_counter()
     pks = add_accounts(db, addresses)
