@@ -276,6 +276,10 @@ def create(conn: sa.Connection, spec: PartitionedTable, partition: Partition) ->
     _lock_timeout(conn)
     name, key = partition.name, spec.key
     low, high = spec.key_value(partition.start), spec.key_value(partition.end)
+    # No row may reach the DEFAULT partition between the move and ATTACH's check of it
+    # (a row of this range written meanwhile fails the ATTACH: under steady traffic the
+    # day's partition would never be made). EXCLUSIVE lets readers on.
+    conn.execute(sa.text(f"LOCK TABLE {spec.default} IN EXCLUSIVE MODE"))
     conn.execute(
         sa.text(f"CREATE TABLE {name} (LIKE {spec.parent} INCLUDING DEFAULTS INCLUDING STORAGE)")
     )
@@ -375,10 +379,28 @@ def ensure(
         with engine.connect() as conn:
             there = existing(conn, spec)
         for partition in missing(spec, list(there), now, settings):
-            with engine.begin() as conn:
-                create(conn, spec, partition)
-            made.append(partition)
+            if _in_own_transaction(engine, create, spec, partition):
+                made.append(partition)
     return made
+
+
+def _in_own_transaction(
+    engine: sa.Engine,
+    work: Callable[[sa.Connection, PartitionedTable, Partition], None],
+    spec: PartitionedTable,
+    partition: Partition,
+) -> bool:
+    """`work` (create or drop) in a transaction of its own; a lock not had within the
+    timeout is logged and leaves it to the next round, not the rest of this one."""
+    try:
+        with engine.begin() as conn:
+            work(conn, spec, partition)
+    except sa.exc.OperationalError as err:
+        log.warning(
+            "partitions: %s %s waits for the next round (%s)", work.__name__, partition.name, err
+        )
+        return False
+    return True
 
 
 def prune(
@@ -400,11 +422,15 @@ def prune(
             kept = [p.start for p in there if p not in gone]
             cutoff = min([drop_before(spec, now), *kept])
             stale_rows = count_stale_rows(conn, spec, cutoff)
+        kept_back = False
         for partition in gone:
-            report.partitions.append(partition.as_json(there[partition]))
-            if not dry_run:
-                with engine.begin() as conn:
-                    drop(conn, spec, partition)
+            if dry_run or _in_own_transaction(engine, drop, spec, partition):
+                report.partitions.append(partition.as_json(there[partition]))
+            else:
+                kept_back = True
+        if kept_back:
+            # A range still stored keeps its rows elsewhere too (its events' seen ids).
+            continue
         report.rows.extend(stale_rows)
         if not dry_run and stale_rows:
             delete_stale_rows(engine, spec, cutoff)

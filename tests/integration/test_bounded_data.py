@@ -8,6 +8,8 @@ them.
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -282,8 +284,8 @@ def test_migrating_a_database_at_notifier_0007_keeps_every_row() -> None:
                 for table in ("notifier_events", "webhook_deliveries", "webhook_attempts")
             }
 
-        # When it is upgraded
-        migrate.upgrade(components.NOTIFIER, url)
+        # When it is upgraded (to the partitioning; later revisions add columns)
+        migrate.upgrade(components.NOTIFIER, url, "notifier_0008")
 
         # Then every row is there, each in its day's partition, and the ids are kept
         with engine.begin() as conn:
@@ -308,6 +310,7 @@ def test_migrating_a_database_at_notifier_0007_keeps_every_row() -> None:
                 )
             )
             assert next_id > max(r.id for r in before["webhook_attempts"])
+        migrate.upgrade(components.NOTIFIER, url)
         db = Database(url, pool_size=1)
         try:
             # And an event stored before the upgrade, sent again, is still a no-op
@@ -328,3 +331,88 @@ def test_migrating_a_database_at_notifier_0007_keeps_every_row() -> None:
     finally:
         engine.dispose()
         drop_database(name)
+
+
+def test_a_partition_is_made_while_rows_of_its_day_keep_arriving(db: Database) -> None:
+    # Given the worker was down: today's rows go to the DEFAULT partition, and one more
+    # is being written (not yet committed) when the maintenance step makes today's
+    later = datetime.now(UTC) + 10 * DAY
+    (stray, _) = event_at(db, later)
+    writer = db.engine.connect()
+    writer.begin()
+    writer.execute(
+        sa.text(
+            "INSERT INTO notifier_events (id, tenant_id, event_type, body, created_at, "
+            "received_at) VALUES ('evt_inflight', :t, 'deposit.credited', '{}', :at, :at)"
+        ),
+        {"t": TENANT, "at": later},
+    )
+    made: list[partitions.Partition] = []
+    failed: list[BaseException] = []
+
+    def ensure() -> None:
+        try:
+            made.extend(partitions.ensure(db.engine, partitioned_tables(ONE_DAY), SETTINGS, later))
+        except BaseException as exc:  # the thread's failure is the test's
+            failed.append(exc)
+
+    thread = threading.Thread(target=ensure)
+    thread.start()
+    time.sleep(0.5)  # within the lock timeout: the step waits for the writer
+    writer.commit()
+    writer.close()
+    thread.join(30)
+
+    # Then the day's partition is made, with both rows in it (none left behind)
+    assert not failed
+    today = f"notifier_events_{later.date():%Y%m%d}_{later.date() + DAY:%Y%m%d}"
+    assert today in {p.name for p in made}
+    with db.engine.connect() as conn:
+        where = dict(
+            conn.execute(sa.text("SELECT id, tableoid::regclass::text FROM notifier_events")).all()
+        )
+    assert where == {stray: today, "evt_inflight": today}
+
+
+def test_a_partition_that_cannot_be_made_now_does_not_stop_the_rest_of_the_round(
+    db: Database,
+) -> None:
+    # Given a writer holding the events' DEFAULT partition longer than the lock timeout
+    now = datetime.now(UTC)
+    past_partitions(db, 5, now)
+    (old_event, _) = event_at(db, now - 3 * DAY)
+    old_delivery = delivery_at(db, old_event, now - 3 * DAY)
+    later = now + 10 * DAY
+    writer = db.engine.connect()
+    writer.begin()
+    writer.execute(
+        sa.text(
+            "INSERT INTO notifier_events (id, tenant_id, event_type, body, created_at, "
+            "received_at) VALUES ('evt_held', :t, 'deposit.credited', '{}', :at, :at)"
+        ),
+        {"t": TENANT, "at": later},
+    )
+    try:
+        # When the maintenance step runs (further ahead than made so far: each table has
+        # partitions to make, and each one old partition to drop)
+        further = partitions.PartitionSettings(days=1, ahead=6)
+        maintainer = partitions.Maintainer(
+            db.engine, partitioned_tables(ONE_DAY), further, clock=lambda: now
+        )
+        report = maintainer.run_once()
+    finally:
+        writer.rollback()
+        writer.close()
+
+    # Then the events wait for the next round, and the other tables' round goes on
+    day = (now + 6 * DAY).date()
+    names = partition_names(db)
+    assert f"notifier_events_{day:%Y%m%d}_{day + DAY:%Y%m%d}" not in names
+    assert f"webhook_deliveries_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in names
+    assert f"webhook_attempts_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in names
+    assert {p["table"] for p in report.partitions} == {"webhook_deliveries", "webhook_attempts"}
+    assert old_delivery not in ids(db, "webhook_deliveries")
+    assert old_delivery not in ids(db, "webhook_attempts", "delivery_id")
+    # and the event's id is kept with its event (its partition is still there)
+    assert old_event in ids(db, "notifier_events")
+    assert old_event in ids(db, "notifier_event_ids")
