@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ import sqlalchemy as sa
 
 from bench.harness import ROOT, drop_database, free_port, fresh_database, machine
 from services.core import outbox
+from services.core.models import OutboxEvent
 from services.notifier import webhook_endpoints as endpoint_domain
-from services.notifier.models import Delivery
+from services.notifier.models import Attempt, Delivery, StoredEvent
 from services.notifier.secrets import SecretBox
 from shared import events
 from shared.bus import BusNames
@@ -145,9 +147,43 @@ def bare_loop(rx: ReceiverProcess, threads: int, duration_s: float) -> float:
     return sum(counts) / (time.monotonic() - started)
 
 
+def legs(
+    db: Database, committed: dict[str, float], received: dict[str, float]
+) -> dict[str, list[float]]:
+    """Where each event's commit-to-receipt time went, in ms (sorted per leg): the relay
+    (commit -> published, core's `outbox.published_at`), the bus and the consumer
+    (published -> stored, `notifier_events.received_at`), the job queue and the claim
+    (stored -> first attempt), the POST (attempt -> receipt at the receiver)."""
+    ids = list(committed)
+    with db.reader() as session:
+        published = dict(
+            session.execute(
+                sa.select(OutboxEvent.event_id, OutboxEvent.published_at).where(
+                    OutboxEvent.event_id.in_(ids)
+                )
+            ).all()
+        )
+        rows = session.execute(
+            sa.select(StoredEvent.id, StoredEvent.received_at, Attempt.attempted_at)
+            .join(Delivery, Delivery.event_id == StoredEvent.id)
+            .join(Attempt, (Attempt.delivery_id == Delivery.id) & (Attempt.number == 1))
+            .where(StoredEvent.id.in_(ids))
+        ).all()
+    out: dict[str, list[float]] = {"relay": [], "bus+consume": [], "queue+claim": [], "post": []}
+    for event_id, stored, attempted in rows:
+        sent = published.get(event_id)
+        if sent is None:
+            continue
+        marks = [committed[event_id], sent.timestamp(), stored.timestamp()]
+        marks += [attempted.timestamp(), received[event_id]]
+        for name, (a, b) in zip(out, pairwise(marks), strict=True):
+            out[name].append((b - a) * 1000)
+    return {name: sorted(values) for name, values in out.items()}
+
+
 def latency(
     db: Database, rx: ReceiverProcess, tenant_id: str, rate: float, duration_s: float
-) -> tuple[list[float], list[str], float]:
+) -> tuple[list[float], list[str], float, dict[str, list[float]]]:
     """Events committed one per transaction at a steady `rate`/s; ms from commit to receipt.
 
     Writers share one schedule (event i at start + i/rate), so a slow commit delays
@@ -179,7 +215,9 @@ def latency(
     achieved = n / (time.monotonic() - started)
     hits = wait_received(rx, set(committed), timeout=60)
     ms = sorted((min(hits[i]) - t) * 1000 for i, t in committed.items())
-    return ms, list(committed), achieved
+    time.sleep(1.0)  # the last attempts recorded
+    parts = legs(db, committed, {i: min(hits[i]) for i in committed})
+    return ms, list(committed), achieved, parts
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -366,11 +404,20 @@ def main() -> int:
                 + ", ".join(f"{name} {value}" for name, value in counted.items())
             )
 
-            lat, steady_ids, achieved = latency(db, rx, tenant_id, args.rate, duration)
+            lat, steady_ids, achieved, parts = latency(db, rx, tenant_id, args.rate, duration)
             p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
             print(
                 f"  latency at {achieved:.0f} events/s for {duration:.0f}s: "
                 f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {lat[-1]:.1f} ms  (goal p99 < 50 ms)"
+                f"  load {os.getloadavg()[0]:.1f}"
+            )
+            print(
+                "  where it went, p50 / p99 / max ms: "
+                + ", ".join(
+                    f"{name} {percentile(v, 0.5):.1f} / {percentile(v, 0.99):.1f} / {v[-1]:.1f}"
+                    for name, v in parts.items()
+                    if v
+                )
             )
             all_ids = warm + batch_ids + steady_ids
             total, succeeded = 0, 0
@@ -395,6 +442,9 @@ def main() -> int:
                 latency_p50_ms=round(p50, 2),
                 latency_p99_ms=round(p99, 2),
                 latency_mean_ms=round(statistics.fmean(lat), 2),
+                latency_legs_p99_ms={
+                    name: round(percentile(v, 0.99), 2) for name, v in parts.items() if v
+                },
                 events=len(all_ids),
                 deliveries=total,
                 lost=lost,

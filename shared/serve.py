@@ -11,11 +11,12 @@ cost latency; docs/PERFORMANCE.md has the measurements.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+
+from shared.heap import freeze_heap
 
 #: Threads per worker process unless the command line says otherwise.
 DEFAULT_THREADS = 4
@@ -62,12 +63,5 @@ def serve(
 
 
 def _freeze_heap(worker: Any) -> None:
-    """Keep what the worker has built so far out of the cyclic collector's full passes.
-
-    The app, its modules and schemas (~200,000 objects for core) live as long as the
-    worker, yet every full collection walked them all: ~0.1 s each, every few thousand
-    requests, ~4 % of an account creation's CPU. Frozen, a full pass walks only what
-    requests made since. Garbage from start-up is collected first.
-    """
-    gc.collect()
-    gc.freeze()
+    """`freeze_heap` in each gunicorn worker, once its app is built."""
+    freeze_heap()

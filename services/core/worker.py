@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from services.core.config import CoreConfig
 from services.core.context import CoreContext
+from shared.heap import freeze_heap
 from shared.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,9 @@ def run_worker(config: CoreConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    tasks = core_tasks(ctx)
+    freeze_heap()
     try:
-        return supervise(core_tasks(ctx), stop)
+        return supervise(tasks, stop)
     finally:
         ctx.db.dispose()

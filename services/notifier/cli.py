@@ -13,6 +13,7 @@ import time
 
 from services.notifier.config import NotifierConfig
 from services.notifier.metrics import BreakerCollector, DeadLetterCollector, DeliveryQueueCollector
+from shared.heap import freeze_heap
 from shared.metrics import CachedCollector, metrics_port, serve_metrics
 from shared.serve import default_workers, serve
 from shared.settings import SettingsError
@@ -74,6 +75,7 @@ def notifier_consume(args: argparse.Namespace) -> int:
     )
     serve_metrics(registry, metrics_port())
     stop = _stop_on_signals()
+    freeze_heap()
     try:
         return run_consume(engine, stop)
     finally:
@@ -92,6 +94,7 @@ def notifier_worker(args: argparse.Namespace) -> int:
     engine.metrics.registry.register(BreakerCollector(engine.deliverer.breakers))
     serve_metrics(engine.metrics.registry, metrics_port())
     stop = _stop_on_signals()
+    freeze_heap()
     try:
         run_worker(engine, stop, threads=threads)
     finally:
