@@ -23,6 +23,7 @@ from services.core.deposits import transitions
 from services.core.deposits.detection import Sighting
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.destinations import Destination
+from services.core.evm import TransferLog
 from services.core.models import OutboxEvent
 from shared.db import Database
 from shared.identity.models import ApiKey
@@ -68,18 +69,6 @@ class World:
         return deposit.id
 
 
-@dataclass(frozen=True)
-class _Transfer:
-    block_number: int
-    block_hash: str
-    tx_hash: str
-    log_index: int
-    token_address: str
-    from_address: str
-    to_address: str
-    amount_raw: int
-
-
 @pytest.fixture
 def world(pg_db: Database, tenant: TenantKeys) -> Iterator[World]:
     chain_id = unique_chain_id()
@@ -91,15 +80,16 @@ def world(pg_db: Database, tenant: TenantKeys) -> Iterator[World]:
     yield World(pg_db, parts, chain_id, account, tenant, clock)
 
 
-def _transfer(world: World, block: int) -> _Transfer:
-    return _Transfer(
+def _transfer(world: World, block: int) -> TransferLog:
+    return TransferLog(
+        chain_id=world.chain_id,
         block_number=block,
         block_hash="0x" + secrets.token_hex(32),
         tx_hash="0x" + secrets.token_hex(32),
         log_index=0,
-        token_address=TEST_USDC,
+        token_address=TEST_USDC.lower(),
         from_address="0x2222222222222222222222222222222222222222",
-        to_address=world.account.address(world.chain_id),
+        to_address=world.account.address(world.chain_id).lower(),
         amount_raw=30 * 10**6,
     )
 
