@@ -273,7 +273,17 @@ class EventConsumer:
             except (pika.exceptions.AMQPError, OSError) as err:
                 self.node += 1
                 delay = backoff.next()
-                log.warning("RabbitMQ unavailable (%r); reconnecting in %.1fs", err, delay)
+                if getattr(err, "reply_code", None) == 406:
+                    # A queue of an older deployment (classic) refuses the quorum declaration.
+                    log.error(
+                        "RabbitMQ refused the notifier's queues (%r): an older deployment's "
+                        "classic queues? run settle notifier upgrade-queues (docs/DEPLOY.md); "
+                        "trying again in %.1fs",
+                        err,
+                        delay,
+                    )
+                else:
+                    log.warning("RabbitMQ unavailable (%r); reconnecting in %.1fs", err, delay)
                 stop.wait(delay)
             finally:
                 if connection is not None and connection.is_open:

@@ -23,7 +23,7 @@ from services.notifier.metrics import DeadLetterCollector
 from shared import events, topology
 from shared.bus import BusNames
 from tests.support import keys
-from tests.support.pipeline import delete_bus, notifier_config, unique_prefix
+from tests.support.pipeline import delete_bus, notifier_config, unique_prefix, wait_until
 from tests.support.services import AMQP_URL, require_rabbitmq
 
 pytestmark = pytest.mark.integration
@@ -274,3 +274,30 @@ def test_a_database_outage_does_not_count_toward_the_delivery_limit(names: BusNa
     publish.close()
     assert method is not None
     assert (props.headers or {}).get("x-delivery-count", 0) <= 2
+
+
+def test_the_consumer_names_the_cure_when_an_older_deployments_queues_refuse_it(
+    names: BusNames,
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import threading
+
+    from services.notifier.delivery_engine import EngineSettings, build_engine
+
+    _declare_classic(channel, names.prefix)
+    engine = build_engine(
+        notifier_config("postgresql+psycopg://unused/x"), EngineSettings(names=names)
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=engine.consumer().run, args=(stop,))
+    with caplog.at_level("ERROR", logger="services.notifier.consumer"):
+        thread.start()
+        try:
+            assert wait_until(
+                lambda: "settle notifier upgrade-queues" in caplog.text, 15, "the hint"
+            )
+        finally:
+            stop.set()
+            thread.join(20)
+            engine.broker.close()
