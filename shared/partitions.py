@@ -390,12 +390,13 @@ def _in_own_transaction(
     spec: PartitionedTable,
     partition: Partition,
 ) -> bool:
-    """`work` (create or drop) in a transaction of its own; a lock not had within the
-    timeout is logged and leaves it to the next round, not the rest of this one."""
+    """`work` (create or drop) in a transaction of its own; a failure (a lock not had
+    within the timeout, another worker's round that made or dropped it first) is logged
+    and leaves it to the next round, not the rest of this one."""
     try:
         with engine.begin() as conn:
             work(conn, spec, partition)
-    except sa.exc.OperationalError as err:
+    except sa.exc.DBAPIError as err:
         log.warning(
             "partitions: %s %s waits for the next round (%s)", work.__name__, partition.name, err
         )

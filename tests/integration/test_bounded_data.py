@@ -416,3 +416,35 @@ def test_a_partition_that_cannot_be_made_now_does_not_stop_the_rest_of_the_round
     # and the event's id is kept with its event (its partition is still there)
     assert old_event in ids(db, "notifier_events")
     assert old_event in ids(db, "notifier_event_ids")
+
+
+def test_two_workers_making_the_same_partitions_at_once_both_finish_their_round(
+    db: Database,
+) -> None:
+    # Given two notifier workers whose maintenance rounds start together (a deploy)
+    later = datetime.now(UTC) + 20 * DAY
+    for n in range(3):
+        event_at(db, later + n * timedelta(minutes=1))  # rows for the day in DEFAULT
+    failed: list[BaseException] = []
+
+    def round_() -> None:
+        maintainer = partitions.Maintainer(
+            db.engine, partitioned_tables(WebhookRetention()), SETTINGS, clock=lambda: later
+        )
+        try:
+            maintainer.run_once()
+        except BaseException as exc:  # the thread's failure is the test's
+            failed.append(exc)
+
+    threads = [threading.Thread(target=round_) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    # Then neither round fails, and the day's partitions are made once, rows moved in
+    assert not failed
+    day = later.date()
+    assert f"notifier_events_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in partition_names(db)
+    with db.engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*) FROM notifier_events_default")) == 0
