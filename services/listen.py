@@ -3,7 +3,10 @@
 It registers a webhook endpoint pointing at itself (127.0.0.1, a free port), verifies
 every delivery with that endpoint's secret, prints it readably (or as JSON lines) and
 optionally forwards it, byte for byte with its signature headers, to your own app.
-The endpoint is deleted when it stops (Ctrl-C), unless `--keep`.
+The endpoint is deleted when it stops (Ctrl-C), unless `--keep`. It is ephemeral:
+`listen` renews it every third of `--ttl` (300 s by default), and when `listen` dies
+without cleaning up (`kill -9`, a closed terminal, Settle restarted) it expires `--ttl`
+seconds after the last renewal; it never counts against the tenant's endpoint limit.
 
 Settle refuses http:// and loopback webhook URLs outside dev (SSRF protection), so
 this works against `settle dev` (or a service with SETTLE_WEBHOOK_ALLOW_PRIVATE on).
@@ -30,6 +33,8 @@ MAX_BODY_BYTES = 1024 * 1024
 #: Seconds a sender may take to send its request (a trickling sender is cut off).
 READ_TIMEOUT_S = 10.0
 DEFAULT_API = "http://127.0.0.1:8000"
+#: Seconds the ephemeral endpoint outlives the last renewal (the server's default too).
+DEFAULT_TTL_S = 300
 
 
 class ListenError(Exception):
@@ -238,13 +243,18 @@ class Api:
             raise ListenError(f"{method} {path} answered {answer.status_code}: {error}")
         return answer.json() if answer.content else None
 
-    def create_endpoint(self, name: str, url: str, event_types: list[str]) -> tuple[str, str]:
-        body = self._call(
-            "POST",
-            "/v1/webhook-endpoints",
-            json={"name": name, "url": url, "eventTypes": event_types},
-        )
-        return body["webhookEndpoint"]["id"], body["secret"]
+    def create_endpoint(
+        self, name: str, url: str, event_types: list[str], ttl_s: int | None = None
+    ) -> tuple[str, str]:
+        """A new endpoint -> (id, secret); with `ttl_s` an ephemeral one."""
+        body: dict[str, Any] = {"name": name, "url": url, "eventTypes": event_types}
+        if ttl_s is not None:
+            body["ephemeralTtlSeconds"] = ttl_s
+        answer = self._call("POST", "/v1/webhook-endpoints", json=body)
+        return answer["webhookEndpoint"]["id"], answer["secret"]
+
+    def renew_endpoint(self, endpoint_id: str, ttl_s: int) -> None:
+        self._call("POST", f"/v1/webhook-endpoints/{endpoint_id}/renew", json={"ttlSeconds": ttl_s})
 
     def delete_endpoint(self, endpoint_id: str) -> None:
         self._call("DELETE", f"/v1/webhook-endpoints/{endpoint_id}")
@@ -283,6 +293,18 @@ def _event_types(args: argparse.Namespace, api: Api) -> list[str]:
     return chosen
 
 
+def _keep_alive(
+    api: Api, endpoint_id: str, ttl_s: int, stopped: threading.Event, printer: Printer
+) -> None:
+    """Renew the ephemeral endpoint every third of its ttl until `stopped` (a missed
+    renewal or two is survived; the endpoint expires only after a whole ttl without one)."""
+    while not stopped.wait(ttl_s / 3):
+        try:
+            api.renew_endpoint(endpoint_id, ttl_s)
+        except ListenError as err:
+            printer.note(f"could not renew endpoint {endpoint_id}: {err}")
+
+
 def run_listen(args: argparse.Namespace) -> int:
     printer = Printer(sys.stdout, as_json=args.json)
     try:
@@ -301,7 +323,7 @@ def run_listen(args: argparse.Namespace) -> int:
     url = f"http://{host}:{port}/"
     try:
         endpoint_id, receiver.secret = api.create_endpoint(
-            f"settle listen on {host}:{port}", url, event_types
+            f"settle listen on {host}:{port}", url, event_types, None if args.keep else args.ttl
         )
         receiver.ready.set()
     except ListenError as err:
@@ -318,6 +340,14 @@ def run_listen(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM both stop serving, then the endpoint is deleted.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    stopped = threading.Event()
+    if not args.keep:
+        threading.Thread(
+            target=_keep_alive,
+            args=(api, endpoint_id, args.ttl, stopped, printer),
+            name="listen-renew",
+            daemon=True,
+        ).start()
     printer.note(
         f"Ready: listening on {url} as endpoint {endpoint_id} for "
         f"{len(event_types)} event type(s); every delivery is verified with its secret"
@@ -325,10 +355,19 @@ def run_listen(args: argparse.Namespace) -> int:
     printer.note(f"  secret {receiver.secret}")
     if args.forward_to:
         printer.note(f"  forwarding verified deliveries to {args.forward_to}")
-    printer.note("  Ctrl-C to stop" + ("" if args.keep else " (the endpoint is then deleted)"))
+    printer.note(
+        "  Ctrl-C to stop"
+        + (
+            ""
+            if args.keep
+            else f" (the endpoint is then deleted; if listen dies, it expires {args.ttl} s"
+            " after its last renewal)"
+        )
+    )
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
+        stopped.set()
         server.server_close()
         if not args.keep:
             try:
@@ -337,6 +376,12 @@ def run_listen(args: argparse.Namespace) -> int:
             except ListenError as err:
                 printer.note(f"could not delete endpoint {endpoint_id}: {err}")
     return 0
+
+
+def _ttl(text: str) -> int:
+    if not text.isdigit() or not 5 <= int(text) <= 3600:
+        raise argparse.ArgumentTypeError("must be a whole number of seconds from 5 to 3600")
+    return int(text)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -361,5 +406,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--json", action="store_true", help="one JSON object per delivery on stdout")
-    p.add_argument("--keep", action="store_true", help="keep the endpoint when stopping")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="register a permanent endpoint and keep it when stopping (counts against the limit)",
+    )
+    p.add_argument(
+        "--ttl",
+        type=_ttl,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help=f"the endpoint expires this long after listen stops renewing it (default "
+        f"{DEFAULT_TTL_S}; 5..3600)",
+    )
     p.set_defaults(func=run_listen)

@@ -221,6 +221,11 @@ _WEBHOOK_ENDPOINT = _object(
             "enum": ["per_account", None],
             "description": "`per_account`: an account's events one at a time, in order.",
         },
+        "ephemeral": {
+            "type": "boolean",
+            "description": "`settle listen`'s: expires unless renewed; not counted in the limit.",
+        },
+        "expiresAt": {**_nullable(_TIMESTAMP), "description": "When an ephemeral one expires."},
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
     },
@@ -477,6 +482,8 @@ _ENDPOINT_EXAMPLE: dict[str, Any] = {
     "rateLimitPerSecond": None,
     "signatureScheme": "settle",
     "ordering": None,
+    "ephemeral": False,
+    "expiresAt": None,
     "createdAt": "2026-11-18T09:30:00.000Z",
     "updatedAt": "2026-11-21T04:11:28.123Z",
 }

@@ -33,22 +33,19 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from services.notifier.models import ENABLED, PENDING, PER_ACCOUNT, SKIPPED, Delivery, Endpoint
-from services.notifier.webhook_endpoints import get_endpoint
+from services.notifier.webhook_endpoints import get_endpoint, live
 from shared import subscriptions
 from shared.db import Database, DriverStatement, adopt, database_of, driver_connection
 from shared.errors import Conflict
 from shared.ids import new_id
 
 #: The endpoints that receive an event's deliveries (besides subscribing to its type).
-RECEIVING: tuple[sa.ColumnElement[bool], ...] = (
-    Endpoint.status == ENABLED,
-    Endpoint.deleted_at.is_(None),
-)
+RECEIVING: tuple[sa.ColumnElement[bool], ...] = (Endpoint.status == ENABLED, live())
 
 #: A tenant's live endpoints, their types and status, for `subscribers`.
 _SUBSCRIBERS = (
     sa.select(Endpoint.id, Endpoint.event_types, Endpoint.status, Endpoint.ordering)
-    .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), Endpoint.deleted_at.is_(None))
+    .where(Endpoint.tenant_id == sa.bindparam("tenant_id"), live())
     .order_by(Endpoint.id)
 )
 #: `last_error` of a delivery skipped because its endpoint is disabled.

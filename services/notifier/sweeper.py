@@ -1,4 +1,5 @@
-"""The sweeper: enqueues again every delivery that is due and has no job in flight.
+"""The sweeper: enqueues again every delivery that is due and has no job in flight (and
+deletes ephemeral endpoints whose time ran out: webhook_endpoints.expire_endpoints).
 
 A delivery can be due with nobody working on it when the consumer died between
 its commit and the enqueue, when a delayed retry message was lost with a worker,
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from services.notifier import ordering
+from services.notifier import ordering, webhook_endpoints
 from services.notifier.metrics import NotifierMetrics
 from services.notifier.models import PENDING, RETRYING, Delivery
 from shared.db import Database
@@ -93,6 +94,10 @@ class Sweeper:
         held full by hanging endpoints had 500 claims every 5 s). A tenant's swept
         deliveries are one group (see broker.DeliveryQueues.enqueue).
         """
+        with self.db.transaction() as session:
+            expired = webhook_endpoints.expire_endpoints(session, now)
+        if expired:
+            log.info("sweeper: %d ephemeral endpoints expired; deleted", len(expired))
         found = due_deliveries(self.db, grace_s=self.grace_s, batch=self.batch, now=now)
         ids = [delivery_id for delivery_id, _, _ in found]
         if ids:

@@ -43,6 +43,13 @@ DEFAULT_SECRET_OVERLAP_S = MAX_SECRET_OVERLAP_S
 DISABLED_MANUAL = "manual"
 #: `last_error` of deliveries cancelled because their endpoint was deleted.
 ENDPOINT_DELETED = "endpoint_deleted"
+#: An ephemeral endpoint (`settle listen`'s) lives this long after its creation or last
+#: renewal unless the request says otherwise; then it is gone (`live`, `expire_endpoints`).
+DEFAULT_EPHEMERAL_TTL_S = 300
+MIN_EPHEMERAL_TTL_S, MAX_EPHEMERAL_TTL_S = 5, 3600
+#: Ephemeral endpoints a tenant may have at once (they do not count against the limit of
+#: permanent ones, so they have their own).
+MAX_EPHEMERAL_ENDPOINTS = 10
 #: Bounds of an endpoint's `rateLimitPerSecond` (deliveries a second, per worker process).
 MIN_RATE_LIMIT = 0.01
 MAX_RATE_LIMIT = 1000.0
@@ -57,6 +64,15 @@ class _Unchanged:
 UNCHANGED = _Unchanged()
 #: What our ids (`we_...`, `whd_...`, `evt_...`) can look like; nothing else is looked up.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
+
+
+def live() -> sa.ColumnElement[bool]:
+    """The endpoint exists: not deleted, and (ephemeral) not expired. An expired ephemeral
+    endpoint is as gone as a deleted one even before the sweeper deletes it."""
+    return sa.and_(
+        Endpoint.deleted_at.is_(None),
+        sa.or_(Endpoint.expires_at.is_(None), Endpoint.expires_at > sa.func.now()),
+    )
 
 
 def is_plausible_id(value: str) -> bool:
@@ -140,15 +156,25 @@ def _lock_tenant(session: Session, tenant_id: str) -> None:
     )
 
 
-def count_endpoints(session: Session, tenant_id: str) -> int:
+def count_endpoints(session: Session, tenant_id: str, *, ephemeral: bool = False) -> int:
+    """The tenant's live permanent endpoints (or ephemeral ones): each kind has its cap."""
+    kind = Endpoint.expires_at.is_not(None) if ephemeral else Endpoint.expires_at.is_(None)
     return (
         session.scalar(
             sa.select(sa.func.count())
             .select_from(Endpoint)
-            .where(Endpoint.tenant_id == tenant_id, Endpoint.deleted_at.is_(None))
+            .where(Endpoint.tenant_id == tenant_id, live(), kind)
         )
         or 0
     )
+
+
+def checked_ttl(value: int, field: str = "ephemeralTtlSeconds") -> int:
+    if isinstance(value, bool) or not MIN_EPHEMERAL_TTL_S <= value <= MAX_EPHEMERAL_TTL_S:
+        raise field_error(
+            field, f"must be a whole number from {MIN_EPHEMERAL_TTL_S} to {MAX_EPHEMERAL_TTL_S}"
+        )
+    return value
 
 
 def create_endpoint(
@@ -164,15 +190,27 @@ def create_endpoint(
     rate_limit_per_second: float | None = None,
     signature_scheme: str = signing.SETTLE,
     ordering: str | None = None,
+    ephemeral_ttl_s: int | None = None,
     now: datetime | None = None,
 ) -> tuple[Endpoint, str]:
-    """A new enabled endpoint and its secret (the only time it is seen in clear)."""
+    """A new enabled endpoint and its secret (the only time it is seen in clear).
+
+    With `ephemeral_ttl_s` it is ephemeral: it expires that long after its creation or
+    last renewal (`renew`), and counts against its own cap, not the endpoint limit.
+    """
     name = checked_name(name)
     url = checked_url(url, allow_private=allow_private)
     kept_types = checked_event_types(event_types)
     scheme = checked_scheme(signature_scheme)
+    ttl = None if ephemeral_ttl_s is None else checked_ttl(ephemeral_ttl_s)
     _lock_tenant(session, tenant_id)
-    if count_endpoints(session, tenant_id) >= max_endpoints:
+    if ttl is not None:
+        if count_endpoints(session, tenant_id, ephemeral=True) >= MAX_EPHEMERAL_ENDPOINTS:
+            raise Conflict(
+                f"a tenant may have at most {MAX_EPHEMERAL_ENDPOINTS} ephemeral webhook "
+                "endpoints at once; stop a `settle listen` or let one expire"
+            )
+    elif count_endpoints(session, tenant_id) >= max_endpoints:
         raise Conflict(
             f"a tenant may have at most {max_endpoints} webhook endpoints; delete one first"
         )
@@ -194,7 +232,7 @@ def create_endpoint(
         failing_notified_at=None,
         rate_limit_per_second=checked_rate_limit(rate_limit_per_second),
         signature_scheme=scheme,
-        expires_at=None,
+        expires_at=None if ttl is None else now + timedelta(seconds=ttl),
         ordering=checked_ordering(ordering),
         created_at=now,
         updated_at=now,
@@ -211,7 +249,7 @@ def get_endpoint(
     """The tenant's live endpoint (`tenant_id` None: any tenant's, for ops) or 404."""
     if not is_plausible_id(endpoint_id):
         raise NotFound(f"no webhook endpoint {endpoint_id!r}")
-    query = sa.select(Endpoint).where(Endpoint.id == endpoint_id, Endpoint.deleted_at.is_(None))
+    query = sa.select(Endpoint).where(Endpoint.id == endpoint_id, live())
     if tenant_id is not None:
         query = query.where(Endpoint.tenant_id == tenant_id)
     if for_update:
@@ -226,7 +264,7 @@ def list_endpoints(
     session: Session, tenant_id: str | None, *, limit: int, cursor: str | None = None
 ) -> Page[Endpoint]:
     """Live endpoints, newest first (ids sort by creation time)."""
-    query = sa.select(Endpoint).where(Endpoint.deleted_at.is_(None))
+    query = sa.select(Endpoint).where(live())
     if tenant_id is not None:
         query = query.where(Endpoint.tenant_id == tenant_id)
     return keyset_page(session, query, Endpoint.id, limit=limit, cursor=cursor)
@@ -322,6 +360,32 @@ def delete_endpoint(session: Session, endpoint: Endpoint, now: datetime | None =
         .execution_options(synchronize_session=False)
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def renew(endpoint: Endpoint, ttl_s: int, now: datetime | None = None) -> Endpoint:
+    """An ephemeral endpoint lives `ttl_s` more from now (409 for a permanent one)."""
+    if endpoint.expires_at is None:
+        raise Conflict(f"webhook endpoint {endpoint.id} is not ephemeral: it never expires")
+    now = now or utcnow()
+    endpoint.expires_at = now + timedelta(seconds=checked_ttl(ttl_s, "ttlSeconds"))
+    endpoint.updated_at = now
+    return endpoint
+
+
+def expire_endpoints(session: Session, now: datetime | None = None, limit: int = 100) -> list[str]:
+    """Delete ephemeral endpoints whose time ran out (their unfinished deliveries stop, as
+    for any deleted endpoint); the ids deleted. The sweeper calls it every round."""
+    now = now or utcnow()
+    expired = session.scalars(
+        sa.select(Endpoint)
+        .where(Endpoint.deleted_at.is_(None), Endpoint.expires_at <= now)
+        .order_by(Endpoint.expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for endpoint in expired:
+        delete_endpoint(session, endpoint, now)
+    return [endpoint.id for endpoint in expired]
 
 
 def rotate_secret(

@@ -343,6 +343,14 @@ ROUTES: dict[tuple[str, str, str], Route] = {
         body={"since": "{recent}"},
         isolation="not_found",
     ),
+    (NOTIFIER, "POST", "/v1/webhook-endpoints/<endpointId>/renew"): Route(
+        "tenant",
+        "/v1/webhook-endpoints/{endpoint}/renew",
+        "webhooks:write",
+        "developer",
+        body={},
+        isolation="not_found",
+    ),
     (NOTIFIER, "GET", "/v1/webhook-deliveries"): Route(
         "tenant",
         "/v1/webhook-deliveries?endpointId={endpoint}",

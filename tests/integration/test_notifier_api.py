@@ -887,6 +887,7 @@ def _id_routes(endpoint_id: str, delivery_id: str) -> list[tuple[str, str, dict[
         ("post", f"{ENDPOINTS}/{endpoint_id}/rotate-secret", {"json": {}}),
         ("post", f"{ENDPOINTS}/{endpoint_id}/test", {}),
         ("post", f"{ENDPOINTS}/{endpoint_id}/recover", {"json": since}),
+        ("post", f"{ENDPOINTS}/{endpoint_id}/renew", {"json": {}}),
         ("get", f"{DELIVERIES}/{delivery_id}", {}),
         ("post", f"{DELIVERIES}/{delivery_id}/replay", {}),
     ]
@@ -999,6 +1000,7 @@ def test_status_and_openapi_are_public_and_complete(notifier_client: FlaskClient
         ("post", "/v1/webhook-endpoints/{endpointId}/rotate-secret"): "webhooks:write",
         ("post", "/v1/webhook-endpoints/{endpointId}/test"): "webhooks:write",
         ("post", "/v1/webhook-endpoints/{endpointId}/recover"): "webhooks:write",
+        ("post", "/v1/webhook-endpoints/{endpointId}/renew"): "webhooks:write",
         ("get", "/v1/webhook-endpoints/{endpointId}/stats"): "webhooks:read",
         ("get", "/v1/webhook-deliveries"): "webhooks:read",
         ("get", "/v1/webhook-deliveries/{deliveryId}"): "webhooks:read",

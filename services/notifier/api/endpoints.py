@@ -22,6 +22,7 @@ from services.notifier.api.schemas import (
     EndpointStatsEnvelopeSchema,
     EndpointWithSecretSchema,
     RecoverSchema,
+    RenewSchema,
     RotateSecretSchema,
     SendTestSchema,
     StatsArgs,
@@ -88,6 +89,7 @@ class WebhookEndpoints(MethodView):
                 rate_limit_per_second=args["rate_limit_per_second"],
                 signature_scheme=args["signature_scheme"],
                 ordering=args["ordering"],
+                ephemeral_ttl_s=args["ephemeral_ttl_seconds"],
                 now=now,
             )
             after = webhook_endpoints.audited(endpoint)
@@ -229,6 +231,27 @@ class RotateSecret(MethodView):
                 ),
             )
             return {"webhook_endpoint": endpoint_out(endpoint, now), "secret": secret}
+
+
+@blp.route("/webhook-endpoints/<endpointId>/renew")
+class Renew(MethodView):
+    @auth.requires(blp, WRITE)
+    @blp.arguments(RenewSchema, required=False)
+    @blp.response(200, EndpointEnvelopeSchema)
+    @blp.alt_response(404, schema=ErrorSchema, description="No such endpoint (or it expired)")
+    @blp.alt_response(409, schema=ErrorSchema, description="conflict: the endpoint is permanent")
+    @blp.alt_response(413, schema=ErrorSchema, description=TOO_LARGE)
+    def post(self, args: dict[str, Any], endpointId: str) -> dict[str, Any]:
+        """Keep an ephemeral endpoint alive: it expires ttlSeconds from now
+        (`settle listen` renews its own while it runs)."""
+        ctx = notifier()
+        now = utcnow()
+        with ctx.db.transaction() as session:
+            endpoint = webhook_endpoints.get_endpoint(
+                session, tenant_id(), endpointId, for_update=True
+            )
+            webhook_endpoints.renew(endpoint, args["ttl_seconds"], now)
+            return {"webhook_endpoint": endpoint_out(endpoint, now)}
 
 
 @blp.route("/webhook-endpoints/<endpointId>/test")

@@ -21,11 +21,14 @@ from services.notifier.sender import BASE_HEADERS
 from services.notifier.sla import DEFAULT_SINCE
 from services.notifier.urls import MAX_URL_LENGTH
 from services.notifier.webhook_endpoints import (
+    DEFAULT_EPHEMERAL_TTL_S,
     DEFAULT_SECRET_OVERLAP_S,
     ID_PATTERN,
+    MAX_EPHEMERAL_TTL_S,
     MAX_NAME_LENGTH,
     MAX_RATE_LIMIT,
     MAX_SECRET_OVERLAP_S,
+    MIN_EPHEMERAL_TTL_S,
     MIN_RATE_LIMIT,
     ORDERINGS,
     previous_secret_expires_at,
@@ -172,6 +175,18 @@ class EndpointSchema(Schema):
         allow_none=True,
         metadata={"enum": [*ORDERINGS, None], "description": ORDERING_DESCRIPTION},
     )
+    ephemeral = ma.fields.Boolean(
+        required=True,
+        metadata={
+            "description": "An ephemeral endpoint (`settle listen`'s) expires at expiresAt "
+            "unless renewed (POST .../renew) and does not count against the endpoint limit."
+        },
+    )
+    expires_at = Timestamp(
+        required=True,
+        allow_none=True,
+        metadata={"description": "When an ephemeral endpoint expires; null for the others."},
+    )
     created_at = Timestamp(required=True)
     updated_at = Timestamp(required=True)
 
@@ -190,6 +205,8 @@ def endpoint_out(endpoint: Endpoint, now: datetime | None = None) -> dict[str, A
         "rate_limit_per_second": endpoint.rate_limit_per_second,
         "signature_scheme": endpoint.signature_scheme,
         "ordering": endpoint.ordering,
+        "ephemeral": endpoint.expires_at is not None,
+        "expires_at": endpoint.expires_at,
         "created_at": endpoint.created_at,
         "updated_at": endpoint.updated_at,
     }
@@ -218,6 +235,16 @@ class EndpointCreateSchema(Schema):
     )
     rate_limit_per_second = rate_limit_field(load_default=None)
     signature_scheme = scheme_field(load_default=signing.SETTLE)
+    ephemeral_ttl_seconds = StrictInteger(
+        load_default=None,
+        validate=ma.validate.Range(min=MIN_EPHEMERAL_TTL_S, max=MAX_EPHEMERAL_TTL_S),
+        metadata={
+            "description": "Make the endpoint ephemeral (as `settle listen` does): it "
+            "expires this many seconds after its creation or last renewal (POST "
+            ".../renew) and does not count against the endpoint limit "
+            f"({MIN_EPHEMERAL_TTL_S}..{MAX_EPHEMERAL_TTL_S})."
+        },
+    )
     ordering = ordering_field(load_default=None)
 
 
@@ -243,6 +270,17 @@ class EndpointPatchSchema(Schema):
                 "give at least one of name, url, eventTypes, status, rateLimitPerSecond, "
                 "signatureScheme, ordering"
             )
+
+
+class RenewSchema(Schema):
+    ttl_seconds = StrictInteger(
+        load_default=DEFAULT_EPHEMERAL_TTL_S,
+        validate=ma.validate.Range(min=MIN_EPHEMERAL_TTL_S, max=MAX_EPHEMERAL_TTL_S),
+        metadata={
+            "description": "The endpoint expires this many seconds from now "
+            f"(default {DEFAULT_EPHEMERAL_TTL_S})."
+        },
+    )
 
 
 class RotateSecretSchema(Schema):

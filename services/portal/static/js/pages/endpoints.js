@@ -42,7 +42,14 @@ async function renderList(root, params) {
   root.append(
     table("Webhook endpoints, newest first", [
       { label: "Created", time: "createdAt", render: (e) => time(e.createdAt) },
-      { label: "Name", render: (e) => h("a", { href: `#/endpoints/${e.id}` }, e.name) },
+      {
+        label: "Name",
+        render: (e) => [
+          h("a", { href: `#/endpoints/${e.id}` }, e.name),
+          // settle listen's: gone once listen stops renewing it; not counted in the limit
+          e.ephemeral ? [" ", h("span", { class: "badge", title: `settle listen's endpoint: expires unless renewed (${e.expiresAt})` }, "ephemeral")] : "",
+        ],
+      },
       { label: "URL", render: (e) => code(e.url) },
       { label: "Event types", render: (e) => h("span", { title: "Receives: " + e.receives.join(", ") }, e.eventTypes.join(", ")) },
       { label: "Status", render: (e) => badge(e.status) },
@@ -85,9 +92,11 @@ async function renderOne(root, endpointId) {
       ["Id", code(endpoint.id)],
       ["URL", code(endpoint.url)],
       ["Status", [badge(endpoint.status), endpoint.disabledReason ? ` (${endpoint.disabledReason})` : ""]],
+      ...(endpoint.ephemeral ? [["Ephemeral", ["settle listen's endpoint, not counted in the limit; expires unless renewed at ", time(endpoint.expiresAt)]]] : []),
       ["Event types", endpoint.eventTypes.join(", ")],
       // Patterns ("*", "deposit.*") spelled out: the types it receives today.
       ...(endpoint.receives.join() === endpoint.eventTypes.join() ? [] : [["Receives today", endpoint.receives.join(", ")]]),
+      ["Signature scheme", endpoint.signatureScheme === "standard" ? "Standard Webhooks (and Settle's headers)" : "Settle"],
       ["Previous secret valid until", time(endpoint.previousSecretExpiresAt)],
       ["Created", time(endpoint.createdAt)],
       ["Updated", time(endpoint.updatedAt)],
