@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import select
 import threading
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 POOL_RECYCLE_S = 1800
 #: How long a caller waits for a connection when every one is in use (SQLAlchemy's default).
 POOL_TIMEOUT_S = 30.0
+#: How long a caller waits on the fast executor's pool while it is not full before it
+#: connects itself (`AutocommitConnections._take`).
+CONNECT_CHECK_S = 0.5
 #: Session.info keys: the owning Database; callbacks to run after the commit.
 _DATABASE = "settle.database"
 _AFTER_COMMIT = "settle.after_commit"
@@ -221,6 +225,8 @@ class AutocommitConnections:
         #: What a forked child inherited (the parent's pool, connections lent at fork
         #: time): kept referenced, never used or closed.
         self._inherited: list[object] = []
+        #: id() of connections `_take` opened itself (closed when given back, not pooled).
+        self._unpooled: set[int] = set()
         after_fork_in_child(self._forked)
 
     def get(self) -> tuple[psycopg.Connection[Any], ConnectionPool[psycopg.Connection[Any]]]:
@@ -229,19 +235,48 @@ class AutocommitConnections:
         deadline = time.monotonic() + POOL_TIMEOUT_S
         # Bounded: a drain replaces every idle connection, so a second dead one is rare.
         for _ in range(2 * self._size + 1):
-            try:
-                conn = pool.getconn(max(0.0, deadline - time.monotonic()))
-            except PoolTimeout as err:
-                raise sa.exc.TimeoutError(
-                    f"no database connection free after {POOL_TIMEOUT_S:.0f} s "
-                    f"({2 * self._size} in use)"
-                ) from err
-            if _usable(conn):
+            conn = self._take(pool, deadline)
+            if id(conn) in self._unpooled or _usable(conn):
                 return conn, pool
             _close_quietly(conn)
             pool.putconn(conn)
             pool.drain()
         raise sa.exc.TimeoutError("no live database connection: the server ends each one")
+
+    def _take(
+        self, pool: ConnectionPool[psycopg.Connection[Any]], deadline: float
+    ) -> psycopg.Connection[Any]:
+        """A connection from `pool` before `deadline`, or, when the pool is not full yet
+        gives none for CONNECT_CHECK_S, one this caller opens (or its error).
+
+        The pool opens connections in the background and, after a failed attempt (the
+        server down or restarting, no primary yet), tries again only after a growing
+        backoff: a caller would wait out POOL_TIMEOUT_S for a server that is long back,
+        or for one that refuses, and then read "busy". Connecting once itself, it gets
+        the server's own error at once (psycopg's OperationalError, which the CLI
+        explains and `shared.failover` tells a failover by), or a connection, used once
+        and closed (the pool's next attempt refills it). A full pool is only busy: then
+        the caller waits for one given back, up to the deadline.
+        """
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return pool.getconn(max(0.0, min(remaining, CONNECT_CHECK_S)))
+            except PoolTimeout as err:
+                stats = pool.get_stats()
+                if stats.get("pool_size", 0) < stats.get("pool_max", 0):
+                    conn = psycopg.connect(
+                        self._conninfo,
+                        autocommit=True,
+                        connect_timeout=max(2, math.ceil(remaining)),
+                    )
+                    self._unpooled.add(id(conn))
+                    return conn
+                if remaining <= CONNECT_CHECK_S:
+                    raise sa.exc.TimeoutError(
+                        f"no database connection free after {POOL_TIMEOUT_S:.0f} s "
+                        f"({2 * self._size} in use)"
+                    ) from err
 
     def put(
         self, conn: psycopg.Connection[Any], pool: ConnectionPool[psycopg.Connection[Any]]
@@ -250,6 +285,10 @@ class AutocommitConnections:
         if any(pool is inherited for inherited in self._inherited):
             # Lent before a fork: the parent's session; never closed, never pooled here.
             self._inherited.append(conn)
+            return
+        if id(conn) in self._unpooled:
+            self._unpooled.discard(id(conn))
+            _close_quietly(conn)
             return
         idle = (
             not conn.closed

@@ -303,3 +303,21 @@ def test_a_child_forked_while_a_slot_is_held_has_all_its_slots(
     done.set()
     thread.join(10)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_server_that_refuses_is_reported_at_once_not_after_the_pools_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a database URL where nothing listens, and the pool's full wait of 30 s
+    monkeypatch.setattr(shared.db, "POOL_TIMEOUT_S", 30.0)
+    database = Database("postgresql://postgres@127.0.0.1:1/settle", pool_size=2)
+    try:
+        # When the fast executor is asked for a connection
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError), database.driver_autocommit():
+            pass
+        # Then the server's own error comes within the pool's first check, not as a
+        # "busy" timeout after 30 s (bound generous for a loaded machine)
+        assert time.monotonic() - started < 10.0
+    finally:
+        database.dispose()
