@@ -78,9 +78,14 @@ def open_link(session: Session, token: str, *, now: datetime | None = None) -> I
     The link is marked used by one conditional UPDATE, so of two opens racing with
     the same token exactly one gets a session.
     """
-    now = now or utcnow()
     if not token.startswith("plk_") or len(token) > 200:
         raise Unauthorized("the portal link has expired or was already used")
+    # The row first, then the clock: a revocation holding the row (service.end_grants)
+    # has committed its expires_at by then, and a clock read earlier would be before it.
+    session.execute(
+        sa.select(PortalLink.id).where(PortalLink.token_hash == token_hash(token)).with_for_update()
+    )
+    now = now or utcnow()
     link = session.execute(
         sa.update(PortalLink)
         .where(

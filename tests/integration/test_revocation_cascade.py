@@ -3,12 +3,18 @@ and every session those links opened (issue 23: they used to outlive their grant
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from shared.db import Database
+from shared.identity import portal_links, service
+from shared.timefmt import utcnow
 from tests.conftest import TenantKeys
 from tests.integration.conftest import assert_error
 from tests.integration.notifier_fixtures import (  # noqa: F401 (fixtures, used by name)
@@ -90,3 +96,59 @@ def test_removing_a_member_ends_their_sessions_links_and_the_links_sessions(
     assert_error(browser.get("/v1/sessions/current"), 401, "unauthorized")
     # And so have their links and the links' sessions
     _assert_ended(core_app, notifier, csrf, unopened)
+
+
+def test_a_link_opened_while_its_key_is_revoked_never_outlives_the_revocation(
+    core_app: Flask,
+    notifier_app: Flask,
+    tenant: TenantKeys,
+    pg_db: Database,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a key's unopened link, and someone opening it: their clock is read just
+    # before the key's revocation reads its own, and their UPDATE reaches the link's
+    # row while the revocation holds it
+    client = core_app.test_client()
+    made = _ok(
+        client.post(
+            "/v1/api-keys",
+            json={"scopes": ["portal:write", "webhooks:read", "webhooks:write"]},
+            headers=tenant.headers,
+        )
+    )
+    key = {"Authorization": f"Bearer {made['secret']}"}
+    token = _token(client, key)
+    clock_read = threading.Event()
+
+    def slow_clock() -> datetime:
+        now = utcnow()
+        clock_read.set()
+        time.sleep(0.5)  # the revocation takes the row meanwhile
+        return now
+
+    monkeypatch.setattr(portal_links, "utcnow", slow_clock)
+    opened: list[Any] = []
+    browser = core_app.test_client()
+    opener = threading.Thread(
+        target=lambda: opened.append(
+            browser.post("/v1/sessions/portal-link", json={"token": token})
+        )
+    )
+    opener.start()
+    assert clock_read.wait(10)
+    # When the key is revoked (its transaction holds the link's row for a moment)
+    with pg_db.transaction() as session:
+        service.revoke_api_key(session, made["apiKey"]["id"])
+        time.sleep(1.0)
+    opener.join(10)
+
+    # Then either the link did not open, or the session it opened is ended with it
+    (answer,) = opened
+    if answer.status_code == 200:
+        cookie = browser.get_cookie("settle_session", path="/v1")
+        assert cookie is not None
+        notifier = notifier_app.test_client()
+        notifier.set_cookie("settle_session", cookie.value, path="/v1")
+        assert_error(notifier.get("/v1/webhook-endpoints"), 401, "unauthorized")
+    else:
+        assert_error(answer, 401, "unauthorized")
