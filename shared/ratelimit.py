@@ -33,6 +33,7 @@ import redis
 from flask import Flask, Response, current_app, g, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from shared.clients import client_key
 from shared.errors import RateLimited
 from shared.settings import env_float, env_int, env_str, environ
 
@@ -640,7 +641,8 @@ def install(app: Flask, config: RateLimitConfig, store: Store | None = None) -> 
     def _limit() -> None:
         hits: list[Hit] = []
         if config.per_ip_rate:
-            address = request.remote_addr or "unknown"
+            # An IPv6 client is its /64, an IPv4 one its address (shared/clients.py).
+            address = client_key(request.remote_addr or "unknown")
             hits.append((f"ip:{address}", config.per_ip_rate, config.per_ip_burst))
         fingerprint = _bearer_fingerprint() if config.per_key_rate else None
         if fingerprint is not None:

@@ -44,7 +44,6 @@ its /64.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
 import threading
 from collections import Counter
@@ -56,6 +55,7 @@ from flask import Flask, current_app
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.clients import client_key
 from shared.errors import RateLimited, ServiceUnavailable, Unauthorized
 from shared.ratelimit import Store, Throttle
 from shared.settings import SettingsError, env_int, environ
@@ -109,23 +109,6 @@ SIGNIN_THROTTLE_OFF = SignInLimits(throttle=False)
 def _account(email: str) -> str:
     """The account a sign-in names, as the lookup normalizes it, hashed (no email stored)."""
     return hashlib.sha256(email.strip().lower().encode()).hexdigest()[:32]
-
-
-def client_key(address: str) -> str:
-    """What a client is counted as: its IPv4 address, or its IPv6 /64.
-
-    One IPv6 host usually holds a whole /64 (2^64 addresses): counted per address, it
-    could take fresh free failures forever.
-    """
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)
 
 
 class SignInGuard:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Flask
 
+from shared.clients import client_key
 from shared.errors import register_error_handlers
-from shared.identity.signin_guard import client_key
 from shared.ratelimit import Charge, MemoryStore, RateLimitConfig, Throttle, install
 
 
@@ -77,6 +77,27 @@ def test_per_ip_limit_applies_without_a_key_and_honours_one_trusted_proxy() -> N
     assert client.get("/x", headers=a).status_code == 200
     assert client.get("/x", headers=a).status_code == 429
     assert client.get("/x", headers=b).status_code == 200
+
+
+def test_per_ip_limit_counts_an_ipv6_client_by_its_64_and_ipv4_by_address() -> None:
+    # Issue 23: each IPv6 address had a budget of its own, so one /64 was unlimited
+    app = make_app(
+        RateLimitConfig(per_key_rate=0, per_ip_rate=1, per_ip_burst=2, trusted_proxies=1)
+    )
+    client = app.test_client()
+
+    def status(address: str) -> int:
+        return client.get("/x", headers={"X-Forwarded-For": address}).status_code
+
+    assert [status(f"2001:db8:1:2::{n:x}") for n in range(1, 4)] == [200, 200, 429]
+    assert status("2001:db8:1:2:ffff:ffff:ffff:ffff") == 429  # the same /64
+    assert status("2001:db8:1:3::1") == 200  # the next /64 is another client
+    assert [status("198.51.100.7"), status("198.51.100.7"), status("198.51.100.8")] == [
+        200,
+        200,
+        200,
+    ]
+    assert status("::ffff:198.51.100.7") == 429  # the IPv4 client, written as IPv6
 
 
 def test_zero_turns_limits_off() -> None:
