@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import types
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -165,6 +166,10 @@ _DOCUMENTING_ONLY = frozenset(
 
 class Blueprint(flask_smorest.Blueprint):
     ARGUMENTS_PARSER = ArgumentsParser()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prepare_doc_cbks.append(_document_control_characters)
 
     def arguments(self, schema: Any, *args: Any, **kwargs: Any) -> Any:
         """flask-smorest's `arguments`, given a schema instance made once.
@@ -459,6 +464,8 @@ def make_api(app: Flask, *, title: str, version: str, openapi_path: str) -> flas
     _answer_failovers(app)
     install_request_id(app)
     app.before_request(_refuse_leading_double_slash)
+    app.before_request(_refuse_control_characters)
+    app.after_request(_secure_headers)
     return api
 
 
@@ -555,3 +562,68 @@ def _answer_failovers(app: Flask) -> None:
                 "the database is changing over; retry in 2 s", headers={"Retry-After": "2"}
             )
         )
+
+
+#: What every operation's 400 says when the route documents no 400 of its own.
+CONTROL_CHARACTER_400 = "invalid_request: a control character in the path or the query"
+
+
+def _document_control_characters(
+    doc: dict[str, Any], doc_info: dict[str, Any], **_: Any
+) -> dict[str, Any]:
+    """Every operation lists 400: any of them answers it to a control character in its
+    path or query (`_refuse_control_characters`)."""
+    responses = doc.setdefault("responses", {})
+    if "400" not in responses and 400 not in responses:
+        responses["400"] = {
+            "description": CONTROL_CHARACTER_400,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    return doc
+
+
+#: C0 controls (NUL, tab, newline ...), DEL and the C1 controls.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _refuse_control_characters() -> None:
+    """A control character in the path or the query (a name or a value) is a 400.
+
+    No id, cursor or filter holds one, and PostgreSQL refuses a NUL in text (a NUL in
+    a member id answered 500). One check before routing's own 404 and before any
+    handler, for every route of both services, the portal's pages included (issue 23).
+    """
+    query = request.query_string
+    if _CONTROL.search(request.path) or (
+        query
+        and _CONTROL.search(
+            urllib.parse.unquote_plus(query.decode("latin-1"), encoding="utf-8", errors="replace")
+        )
+    ):
+        raise InvalidRequest(
+            "the path or the query holds a control character (NUL, a line break, ...)"
+        )
+
+
+#: An HTML page's policy unless it sets its own (the portal, the API docs): nothing
+#: loads, nothing frames it. A page's own policy must forbid framing too.
+HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+
+def _secure_headers(response: Response) -> Response:
+    """`nosniff` on every answer; on an HTML one (a page, a redirect's little body) a
+    CSP and `X-Frame-Options: DENY` against clickjacking (issue 23)."""
+    headers = response.headers
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    if response.mimetype == "text/html":
+        headers.setdefault("Content-Security-Policy", HTML_CSP)
+        headers.setdefault("X-Frame-Options", "DENY")
+    return response
+
+
+def no_store(response: Response) -> Response:
+    """An answer no cache may keep (a session's CSRF token, recovery codes): for
+    `Blueprint.after_request` of the routes that answer about sessions."""
+    response.headers["Cache-Control"] = "no-store"
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    return response

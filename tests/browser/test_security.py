@@ -229,3 +229,20 @@ def test_the_audit_page_lists_who_changed_what(page: Any, portal: Portal) -> Non
     sign_in(page, portal, "developer")
     page.goto("/portal/#/audit")
     page.get_by_text("Your role cannot see this page.").wait_for()
+
+
+def test_the_api_reference_renders_under_its_content_security_policy(page: Any) -> None:
+    # Given the reference page, served with a CSP that forbids framing and any script
+    # but Swagger UI's files and the page's own (by its hash)
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    response = page.goto("/v1/docs")
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    assert response.headers["x-frame-options"] == "DENY"
+    # Then Swagger UI still renders both services' documents, and nothing was blocked
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Settle")
+    expect(page.locator(".opblock").first).to_be_visible()
+    assert violations == []

@@ -543,7 +543,7 @@ def send_chunked(port: int, path: str, total: int) -> Reply:
 
 def test_chunked_bodies_pass_through_and_are_limited_too(stack: Stack) -> None:
     # No Content-Length: nginx reads the chunked body whole (proxy_request_buffering on)
-    # counts as it goes.
+    # and counts as it goes.
     reply = send_chunked(stack.ingress.port, "/v1/webhook-endpoints", 100 * 1024)
     assert reply.status == 200
     assert reply.json()["bodyBytes"] == 100 * 1024

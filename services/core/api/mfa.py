@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response
 from services.core.context import core
 from services.core.models import IdempotencyRecord
-from shared.api import Blueprint, ErrorSchema, Schema, StrictBoolean, Timestamp
+from shared.api import Blueprint, ErrorSchema, Schema, StrictBoolean, Timestamp, no_store
 from shared.audit.log import Change, record_request
 from shared.errors import Conflict, Forbidden
 from shared.idempotency import OPENAPI_PARAMETER, idempotent
@@ -35,6 +35,8 @@ blp = Blueprint(
     description="Two-factor sign-in (TOTP authenticator apps, recovery codes) for portal "
     "members, and a tenant's requirement of it.",
 )
+# Sessions, CSRF tokens, TOTP secrets and recovery codes: never kept by a cache.
+blp.after_request(no_store)
 
 
 class MfaSchema(Schema):

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from services.core.api.schemas import ERROR_DESCRIPTIONS, json_response, printable
 from services.core.context import core
-from shared.api import Blueprint, ErrorSchema, Schema, Timestamp, field_error
+from shared.api import Blueprint, ErrorSchema, Schema, Timestamp, field_error, no_store
 from shared.audit.log import ANONYMOUS, MEMBER, PORTAL_LINK, Actor, Change, record, record_alone
 from shared.db import Database
 from shared.errors import Unauthorized
@@ -28,6 +28,8 @@ blp = Blueprint(
     url_prefix="/v1",
     description="Portal sign-in. Unsafe requests on a session need the X-CSRF-Token header.",
 )
+# Sessions, CSRF tokens, TOTP secrets and recovery codes: never kept by a cache.
+blp.after_request(no_store)
 
 #: Longest password we hash (argon2 work grows with the input).
 PASSWORD_MAX = 1024
