@@ -63,7 +63,7 @@ def test_an_error_answer_logs_its_code(restore_logging: None) -> None:
     (access,) = [json.loads(x) for x in out.getvalue().splitlines()]
     # The status and the error code, and a newline in the path cannot forge a line
     assert re.fullmatch(
-        r"GET /v1/nothing\\x0ahere -> 404 not_found in \d+ ms", access["message"]
+        r"GET /v1/nothing\\x0ahere -> 400 invalid_request in \d+ ms", access["message"]
     ), access
     dev = io.StringIO()
     logs.configure("dev", "INFO", dev)
