@@ -285,7 +285,7 @@ def main() -> int:
         print(f"Scale-out on {machine()}: {n_events} events, one endpoint, {mode}")
         print(
             "  workers consumers  deliveries/s  load | CPU ms/delivery (total: by process)"
-            " | wall ms mean: commit->stored, stored->attempt, attempt"
+            " | wall ms mean: outbox->stored, stored->attempt, attempt"
         )
         for consumers in [int(c) for c in args.consumers.split(",")]:
             for workers in [int(w) for w in args.workers.split(",")]:
