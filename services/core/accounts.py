@@ -9,37 +9,26 @@ address. Its `pk` is the sequence's value at insert: lists walk it in creation o
 from __future__ import annotations
 
 import math
-import threading
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-import psycopg
-import sqlalchemy as sa
-from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
-from services.core import deposit_keys, event_sequences, outbox
+from services.core import account_store, deposit_keys, event_sequences, outbox
+from services.core.account_store import ACTIVE, Writer
 from services.core.chains import ChainRegistry
 from services.core.destinations import Destination, validate_destination
-from services.core.models import (
-    ACCOUNT_SEQUENCE,
-    DepositAccount,
-    DepositAddress,
-    DestinationPolicy,
-)
+from services.core.models import DepositAccount
 from services.core.outbox_wakeup import wake_relay
 from shared import events
-from shared.api import Page, keyset_page
+from shared.api import Page
 from shared.audit.log import Change, Recorder
-from shared.db import Database, DriverStatement, after_fork_in_child
+from shared.db import Database
 from shared.errors import AccountExists, DestinationPolicyMissing, NotFound
 from shared.ids import new_id
 from shared.timefmt import iso_ms, utcnow
-
-ACTIVE = "active"
 
 #: DESIGN.md limits.
 EXTERNAL_USER_ID_MAX = 255
@@ -200,70 +189,58 @@ def create_account(
 
     Without a destination the tenant's policy is copied as it is now. A taken
     externalUserId is 409 `account_exists` (the unique key decides, so concurrent
-    creations cannot both win). On the fast executor (`Database.driver_autocommit`),
-    one statement writes the account, its addresses and the outbox row, atomic on its
-    own (no BEGIN/COMMIT round trips). Its addresses' BIP32 index comes from this
-    process's block of account numbers (`_IndexBlock`). A policy this process has read
-    before is written as the statement finds it or not at all: when the row has changed
-    since, nothing is written and the creation reads the policy again and writes
-    with it (`_PolicyCopies`). So the usual creation is one round trip after the key's.
+    creations cannot both win). One statement writes the account, its addresses and
+    the outbox row (`account_store.creating`). Its addresses' BIP32 index comes from
+    this process's block of account numbers. A policy this process has read before is
+    written as the statement finds it or not at all: when the row has changed since,
+    nothing is written and the creation reads the policy again and writes with it. So
+    the usual creation is one round trip after the key's.
     """
     if new.destination is not None:
         validate_destination(registry, new.destination)
     key = deposit_keys.recorded(db, deriver.xpub, deriver.scheme)
-    creation = _creation(db, registry.active_positions, key.id)
     try:
-        with db.driver_autocommit() as conn:
-            index = creation.indices.take(conn)
+        with account_store.creating(db, registry.active_positions, key.id) as writer:
+            index = writer.take_index()
             derived = deriver.addresses(index, (c.chain_id for c in registry.active()))
             draft = _AccountDraft.new(tenant_id, new, api_key_id, now, derived, index)
             if new.destination is not None:
-                document = draft.write(conn, creation.write, new.destination, registry)
+                document = draft.write(writer, new.destination, registry, if_policy_is=False)
             else:
-                document = _write_with_policy(conn, creation, registry, draft)
-    except psycopg.errors.UniqueViolation as exc:
-        raise _account_exists(exc, new) from None
+                document = _write_with_policy(writer, registry, draft)
+    except account_store.ExternalUserIdTaken:
+        raise AccountExists(
+            f"an account with externalUserId {new.external_user_id!r} already exists"
+        ) from None
+    if document is None:  # an unconditional write returns its row or raises
+        raise RuntimeError("the account's write returned no row")
     wake_relay(db)
     return document
 
 
 def _write_with_policy(
-    conn: psycopg.Connection[Any],
-    creation: _Creation,
-    registry: ChainRegistry,
-    draft: _AccountDraft,
-) -> dict[str, Any]:
+    writer: Writer, registry: ChainRegistry, draft: _AccountDraft
+) -> dict[str, Any] | None:
     """Write `draft` with the tenant's policy as its destination, as the policy is now."""
     tenant_id = draft.tenant_id
-    known = creation.policies.get(tenant_id)
+    known = writer.policies.get(tenant_id)
     if known is not None:
         registry.require_active(known.chain_id)  # a chain may have been retired since
-        document = draft.write(conn, creation.write_if_policy_is, known, registry)
+        document = draft.write(writer, known, registry, if_policy_is=True)
         if document is not None:
             return document
     # Not read yet in this process, or changed since: read it, then write what was read.
-    row = conn.execute(creation.read_policy.sql, {"tenant_id": tenant_id}).fetchone()
-    if row is None:
-        creation.policies.forget(tenant_id)
-    policy = _policy_destination(registry, row)
-    creation.policies.put(tenant_id, policy)
-    document = draft.write(conn, creation.write, policy, registry)
-    if document is None:  # an unconditional write returns its row or raises
-        raise RuntimeError("the account's write returned no row")
-    return document
-
-
-def _policy_destination(registry: ChainRegistry, policy: tuple[Any, ...] | None) -> Destination:
-    """The tenant's policy as a destination; 422 when there is none."""
+    policy = writer.read_policy(tenant_id)
     if policy is None:
+        writer.policies.forget(tenant_id)
         raise DestinationPolicyMissing(
             "give a destination or configure the destination policy "
             "(PUT /v1/destination-policy) first"
         )
-    chain_id, address, token_address = policy
     # The policy was checked when written; its chain may have been retired since.
-    registry.require_active(chain_id)
-    return Destination(chain_id, address, token_address)
+    registry.require_active(policy.chain_id)
+    writer.policies.put(tenant_id, policy)
+    return draft.write(writer, policy, registry, if_policy_is=False)
 
 
 @dataclass(frozen=True)
@@ -307,13 +284,14 @@ class _AccountDraft:
 
     def write(
         self,
-        conn: psycopg.Connection[Any],
-        statement: DriverStatement,
+        writer: Writer,
         destination: Destination,
         registry: ChainRegistry,
+        *,
+        if_policy_is: bool,
     ) -> dict[str, Any] | None:
-        """Run one of the write statements with `destination`: the account's document, or
-        None when the statement's condition held back the write."""
+        """Write the account with `destination`: its document, or None when the policy
+        no longer holds it (`if_policy_is`) and nothing was written."""
         document = _document(
             account_id=self.account_id,
             external_user_id=self.external_user_id,
@@ -330,238 +308,19 @@ class _AccountDraft:
             {"depositAccount": document},
             sequence=event_sequences.FIRST,
         )
-        params = {
-            **event,
-            "account_id": self.account_id,
-            "account_external_user_id": self.external_user_id,
-            "account_dest_chain_id": destination.chain_id,
-            "account_dest_address": destination.address,
-            "account_dest_token_address": destination.token_address,
-            "account_dest_set_by_key_id": self.api_key_id,
-            "account_metadata": Jsonb(self.metadata),
-            "account_created_at": self.created_at,
-            "account_address_index": self.address_index,
-        }
-        for n, (_, address) in enumerate(self.derived):
-            params[f"address_{n}"] = address
-        if conn.execute(statement.sql, params).fetchone() is None:
-            return None
-        return document
-
-
-#: The unique key that makes a taken externalUserId a 409.
-_TENANT_USER_KEY = "uq_account_tenant_user"
-
-
-def _account_exists(exc: psycopg.errors.UniqueViolation, new: NewAccount) -> AccountExists:
-    """409 for a taken externalUserId; any other database error is re-raised."""
-    # Only this key means "taken" (an address collision would be a bug, not a 409).
-    if exc.diag.constraint_name != _TENANT_USER_KEY:
-        raise exc
-    return AccountExists(f"an account with externalUserId {new.external_user_id!r} already exists")
-
-
-def _table(model: type[Any]) -> sa.Table:
-    table: sa.Table = model.__table__
-    return table
-
-
-# The hot path's statements, built once and compiled once per database (see `_creation`).
-_ACCOUNTS = _table(DepositAccount)
-_POLICIES = _table(DestinationPolicy)
-_ADDRESSES = _table(DepositAddress)
-#: Binds of the account row that are not their column's name prefixed with `account_`:
-#: the tenant is the outbox row's (`tenant_id`, one value for both), and a new account's
-#: `updated_at` is its `created_at`.
-_ACCOUNT_BINDS = {"tenant_id": "tenant_id", "updated_at": "account_created_at"}
-#: The account columns the write statement binds (`pk` is the sequence's, at insert).
-_ACCOUNT_COLUMNS = (
-    "id",
-    "tenant_id",
-    "external_user_id",
-    "dest_chain_id",
-    "dest_address",
-    "dest_token_address",
-    "dest_set_by_key_id",
-    "metadata",
-    "created_at",
-    "updated_at",
-    "address_index",
-)
-#: Account numbers a process draws from the sequence at once, for its addresses' indices.
-INDEX_BLOCK = 64
-#: Tenants' policies a process keeps a copy of (all are forgotten when it would keep more).
-POLICY_COPIES_MAX = 10_000
-
-
-class _IndexBlock:
-    """This process's next BIP32 indices: account numbers drawn `INDEX_BLOCK` at a time.
-
-    The account sequence hands out each number once, either as a pk (at insert) or as
-    an index (here), so no two accounts share an index, older accounts (whose index is
-    their pk) included. Numbers a process drew and did not use are a gap, never reused.
-    A forked child draws its own, never its parent's (`after_fork_in_child`).
-    """
-
-    def __init__(self, sql: str) -> None:
-        self._sql = sql
-        self._free: deque[int] = deque()
-        self._lock = threading.Lock()
-        after_fork_in_child(self._forked)
-
-    def _forked(self) -> None:
-        # The parent's numbers are the parent's; its refill lock may be held.
-        self._free, self._lock = deque(), threading.Lock()
-
-    def take(self, conn: psycopg.Connection[Any]) -> int:
-        """The next index; draws a block on `conn` when this process has none left."""
-        while True:
-            try:
-                return self._free.popleft()
-            except IndexError:
-                with self._lock:
-                    if not self._free:
-                        self._free.extend(row[0] for row in conn.execute(self._sql))
-
-
-class _PolicyCopies:
-    """The destination policy this process last read, per tenant.
-
-    A copy is only ever written on the condition that the policy row still holds
-    exactly its values (`_Creation.write_if_policy_is`), so a stale copy costs two more
-    round trips (the read and the write after the one that wrote nothing), never a
-    wrong destination: a policy change applies to the very next creation, in every
-    process.
-    """
-
-    def __init__(self) -> None:
-        self._by_tenant: dict[str, Destination] = {}
-
-    def get(self, tenant_id: str) -> Destination | None:
-        return self._by_tenant.get(tenant_id)
-
-    def forget(self, tenant_id: str) -> None:
-        self._by_tenant.pop(tenant_id, None)
-
-    def put(self, tenant_id: str, policy: Destination) -> None:
-        if len(self._by_tenant) >= POLICY_COPIES_MAX:
-            self._by_tenant = {}  # a bound, not a ranking: a forgotten copy costs one read
-        self._by_tenant[tenant_id] = policy
-
-
-@dataclass(frozen=True)
-class _Creation:
-    """A database's account-creation statements (`Database.driver_statement`) and state."""
-
-    #: Reads the tenant's policy (no row when there is none).
-    read_policy: DriverStatement
-    #: The account (binds `account_<column>`, see `_ACCOUNT_BINDS`), its addresses
-    #: (`address_<n>`) and the outbox row (binds named as its columns), in one statement.
-    write: DriverStatement
-    #: `write`, writing nothing (and returning no row) unless the tenant's policy row
-    #: holds the account's destination.
-    write_if_policy_is: DriverStatement
-    indices: _IndexBlock
-    policies: _PolicyCopies
-
-
-def _creation(db: Database, chains: tuple[tuple[int, int], ...], key_id: int) -> _Creation:
-    """Creation's statements and state for `db`, once per database, set of (chain id,
-    position) of the active chains and deposit key."""
-    return db.attachment(
-        f"core.accounts.create.{chains}.{key_id}",
-        lambda d: _compile_creation(d, chains, key_id),
-    )
-
-
-def _compile_creation(db: Database, chains: tuple[tuple[int, int], ...], key_id: int) -> _Creation:
-    """The statements, with what is fixed for this process written into their text.
-
-    Each parameter costs the client a dump per request, so what never changes is SQL
-    text: the account sequence's name, the status, and each address row's chain id,
-    position (fixed by the chains file for the process's life) and deposit key.
-    """
-    draw = sa.select(sa.func.nextval(sa.literal_column(_sql_text(ACCOUNT_SEQUENCE)))).select_from(
-        sa.func.generate_series(sa.literal_column("1"), sa.literal_column(str(INDEX_BLOCK)))
-    )
-    read_policy = sa.select(
-        _POLICIES.c.chain_id, _POLICIES.c.address, _POLICIES.c.token_address
-    ).where(_POLICIES.c.tenant_id == sa.bindparam("tenant_id"))
-    policy_holds = (
-        sa.select(sa.literal_column("1"))
-        .select_from(_POLICIES)
-        .where(
-            _POLICIES.c.tenant_id == sa.bindparam("tenant_id"),
-            _POLICIES.c.chain_id == sa.bindparam("account_dest_chain_id"),
-            _POLICIES.c.address == sa.bindparam("account_dest_address"),
-            _POLICIES.c.token_address == sa.bindparam("account_dest_token_address"),
+        written = writer.write(
+            event=event,
+            account_id=self.account_id,
+            external_user_id=self.external_user_id,
+            destination=destination,
+            set_by_key_id=self.api_key_id,
+            metadata=self.metadata,
+            created_at=self.created_at,
+            address_index=self.address_index,
+            addresses=[address for _, address in self.derived],
+            if_policy_is=if_policy_is,
         )
-        .exists()
-    )
-    creation = _Creation(
-        read_policy=db.driver_statement(read_policy),
-        write=db.driver_statement(_write_statement(chains, key_id, None)),
-        write_if_policy_is=db.driver_statement(_write_statement(chains, key_id, policy_holds)),
-        indices=_IndexBlock(db.driver_statement(draw).sql),
-        policies=_PolicyCopies(),
-    )
-    for statement in (creation.read_policy, creation.write, creation.write_if_policy_is):
-        if statement.fixed:
-            # create_account passes its parameters as they are, without DriverStatement.bind.
-            raise ValueError("account creation's statements must take every value as a parameter")
-    return creation
-
-
-def _sql_text(value: str) -> str:
-    """`value` as an SQL string literal (for names and constants we write, not input)."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _write_statement(
-    chains: tuple[tuple[int, int], ...], key_id: int, condition: sa.ColumnElement[bool] | None
-) -> sa.Executable:
-    """INSERT the account (only when `condition` holds), then its addresses and the outbox
-    row from what it inserted; returns the event id, or no row when nothing was written."""
-    values = sa.select(
-        *(
-            sa.bindparam(_ACCOUNT_BINDS.get(c, f"account_{c}"), type_=_ACCOUNTS.c[c].type)
-            for c in _ACCOUNT_COLUMNS
-        ),
-        sa.literal_column(_sql_text(ACTIVE)),
-    )
-    if condition is not None:
-        values = values.where(condition)
-    account = (
-        _ACCOUNTS.insert()
-        .from_select([*_ACCOUNT_COLUMNS, "status"], values, include_defaults=False)
-        .returning(_ACCOUNTS.c.pk)
-        .cte("new_account")
-    )
-    ctes: list[sa.CTE] = [account]
-    if chains:  # no active chain (a chains file could say so): no address rows
-        rows = [
-            sa.select(
-                account.c.pk,
-                sa.literal_column(str(int(chain_id))),
-                sa.bindparam(f"address_{n}", type_=_ADDRESSES.c.address.type),
-                sa.literal_column(str(int(position))),
-                sa.literal_column(str(int(key_id))),
-            )
-            for n, (chain_id, position) in enumerate(chains)
-        ]
-        addresses = _ADDRESSES.insert().from_select(
-            ["account_pk", "chain_id", "address", "position", "key_id"],
-            rows[0] if len(rows) == 1 else sa.union_all(*rows),
-            include_defaults=False,
-        )
-        ctes.append(addresses.cte("new_addresses"))
-    # Its first event is numbered FIRST: the account's numbering starts with it.
-    ctes.append(event_sequences.first_after(account).cte("new_sequence"))
-    return outbox.insert_event_after(account).add_cte(*ctes)
-
-
-def _account_query(tenant_id: str) -> sa.Select[tuple[DepositAccount]]:
-    return sa.select(DepositAccount).where(DepositAccount.tenant_id == tenant_id)
+        return document if written else None
 
 
 def find_account(
@@ -570,10 +329,7 @@ def find_account(
     """The tenant's account with this externalUserId (row-locked when `lock`)."""
     if external_user_id_problem(external_user_id) is not None:
         return None  # could never have been stored; also keeps NULs away from the database
-    query = _account_query(tenant_id).where(DepositAccount.external_user_id == external_user_id)
-    if lock:
-        query = query.with_for_update()
-    return session.scalars(query).one_or_none()
+    return account_store.find(session, tenant_id, external_user_id, lock=lock)
 
 
 def get_account(
@@ -600,13 +356,9 @@ def list_accounts(
     `deposit_address` (EIP-55, as stored): only the account owning it, through the
     addresses' unique index; another tenant's address finds nothing.
     """
-    query = _account_query(tenant_id)
-    if deposit_address is not None:
-        owner = sa.select(DepositAddress.account_pk).where(
-            DepositAddress.address == deposit_address
-        )
-        query = query.where(DepositAccount.pk.in_(owner))
-    page = keyset_page(session, query, DepositAccount.pk, limit=limit, cursor=cursor)
+    page = account_store.page(
+        session, tenant_id, limit=limit, cursor=cursor, deposit_address=deposit_address
+    )
     return Page([account_document(a, registry) for a in page.items], page.next_cursor)
 
 

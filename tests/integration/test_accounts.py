@@ -18,7 +18,7 @@ from eth_account import Account
 from flask import Flask
 from flask.testing import FlaskClient
 
-from services.core import accounts, deposit_keys
+from services.core import account_store, accounts, deposit_keys
 from services.core.addresses import private_key_for
 from services.core.context import CoreContext
 from services.core.destinations import Destination
@@ -719,11 +719,11 @@ def test_indices_come_from_blocks_while_accounts_list_in_creation_order(
     client: FlaskClient, policy_tenant: TenantKeys, pg_db: Database, core_context: CoreContext
 ) -> None:
     # Given accounts created while another process's block (drawn earlier) is unused
-    creation = accounts._creation(
+    creation = account_store._creation(
         pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
     )
     with pg_db.driver_autocommit() as conn:
-        other_process = accounts._IndexBlock(creation.indices._sql)
+        other_process = account_store._IndexBlock(creation.indices._sql)
         held = other_process.take(conn)
     made = [create_account(client, policy_tenant) for _ in range(3)]
     # (the other process's next index is still the next of its block)
@@ -750,10 +750,10 @@ def test_indices_come_from_blocks_while_accounts_list_in_creation_order(
 
 def test_a_forked_process_draws_its_own_block(pg_db: Database, core_context: CoreContext) -> None:
     # Given a process holding a block of indices
-    creation = accounts._creation(
+    creation = account_store._creation(
         pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
     )
-    block = accounts._IndexBlock(creation.indices._sql)
+    block = account_store._IndexBlock(creation.indices._sql)
     with pg_db.driver_autocommit() as conn:
         parent_first = block.take(conn)
     read, write = os.pipe()
@@ -772,17 +772,17 @@ def test_a_forked_process_draws_its_own_block(pg_db: Database, core_context: Cor
     with pg_db.driver_autocommit() as conn:
         parent_next = block.take(conn)
     assert parent_next == parent_first + 1
-    assert not parent_first <= child_first < parent_first + accounts.INDEX_BLOCK
+    assert not parent_first <= child_first < parent_first + account_store.INDEX_BLOCK
 
 
 def test_a_process_forked_while_a_thread_draws_a_block_draws_its_own(
     pg_db: Database, core_context: CoreContext
 ) -> None:
     # Given a block whose refill lock a thread holds at the moment of a fork
-    creation = accounts._creation(
+    creation = account_store._creation(
         pg_db, core_context.registry.active_positions, _key_id(pg_db, core_context)
     )
-    block = accounts._IndexBlock(creation.indices._sql)
+    block = account_store._IndexBlock(creation.indices._sql)
     block._lock.acquire()
     read, write = os.pipe()
     pid = os.fork()

@@ -21,41 +21,23 @@ from decimal import Decimal
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.core import outbox
 from services.core.amounts import token_units
 from services.core.chains import Asset, Chain, ChainRegistry
 from services.core.checksums import checksum
-from services.core.deposits import incidents, payments, states, store, transitions
-from services.core.deposits.models import (
-    LIVE_SOURCE,
-    TRANSFER_IDENTITY,
-    Deposit,
-    StrayTransfer,
-)
+from services.core.deposits import detection_store, incidents, payments, states, store, transitions
+from services.core.deposits.models import Deposit
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import net_usd
 from services.core.deposits.serialize import deposit_document
 from services.core.deposits.settlement import DIRECT, INVENTORY
 from services.core.deposits.store import DepositStore
 from services.core.fees import fee_for
-from services.core.models import DepositAccount, DepositAddress
+from services.core.models import DepositAccount
 from shared import events
-from shared.db import (
-    Database,
-    DriverStatement,
-    database_of,
-    driver_connection,
-    driver_rows,
-    execute_json_rows,
-    is_unique_violation,
-    json_rows_insert,
-)
+from shared.db import Database
 from shared.ids import new_id
 from shared.timefmt import utcnow
 
@@ -70,158 +52,8 @@ REVIEW_SOURCE_REORGED = states.REVIEW_SOURCE_REORGED
 #: Deposits inserted per statement (about 45 parameters each).
 INSERT_CHUNK = 500
 
-_DEPOSITS: sa.Table = Deposit.__table__  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     from services.core.evm import TransferLog
-
-
-def _insert_new_deposits(columns: Sequence[str]) -> sa.Insert:
-    """New deposits (given column-wise), skipping transfers recorded already; returns the
-    ids written."""
-    return (
-        json_rows_insert(_DEPOSITS, columns)
-        .on_conflict_do_nothing(
-            index_elements=list(TRANSFER_IDENTITY), index_where=sa.text(LIVE_SOURCE)
-        )
-        .returning(_DEPOSITS.c.id)
-    )
-
-
-#: What a deposit event's document reads (`deposit_document`), and the tenant.
-_DOCUMENT_COLUMNS = (
-    "id",
-    "tenant_id",
-    "account_id",
-    "external_user_id",
-    "status",
-    "chain_id",
-    "deposit_address",
-    "asset",
-    "token_address",
-    "decimals",
-    "amount_raw",
-    "amount_usd",
-    "fee_usd",
-    "net_usd",
-    "source_tx_hash",
-    "log_index",
-    "from_address",
-    "block_number",
-    "block_hash",
-    "confirmations",
-    "required_confirmations",
-    "dest_chain_id",
-    "dest_address",
-    "dest_token_address",
-    "route",
-    "credit_tx_hash",
-    "failure_reason",
-    "review_reason",
-    "wait_reason",
-    "sandbox",
-    "created_at",
-    "updated_at",
-    "confirmed_at",
-    "credited_at",
-)
-
-
-def _array(name: str) -> sa.BindParameter[list[str]]:
-    return sa.bindparam(name, type_=ARRAY(sa.String()))
-
-
-#: Live deposits of some transactions (`Detection._live`).
-_LIVE = sa.select(
-    *[
-        _DEPOSITS.c[c]
-        for c in (
-            "id",
-            "status",
-            "asset",
-            "source_tx_hash",
-            "token_address",
-            "deposit_address",
-            "transfer_seq",
-            "block_number",
-            "block_hash",
-            "log_index",
-            "required_confirmations",
-        )
-    ]
-).where(
-    _DEPOSITS.c.chain_id == sa.bindparam("chain_id"),
-    _DEPOSITS.c.source_tx_hash == sa.any_(_array("tx_hashes")),
-    _DEPOSITS.c.source_vanished_at.is_(None),
-)
-
-#: Accounts of deposit addresses (`Detection._open`).
-_ACCOUNTS = (
-    sa.select(
-        DepositAddress.address,
-        DepositAccount.pk,
-        DepositAccount.id,
-        DepositAccount.tenant_id,
-        DepositAccount.external_user_id,
-        DepositAccount.dest_chain_id,
-        DepositAccount.dest_address,
-        DepositAccount.dest_token_address,
-    )
-    .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
-    .where(
-        DepositAddress.chain_id == sa.bindparam("chain_id"),
-        DepositAddress.address == sa.any_(_array("addresses")),
-    )
-)
-
-#: Pending deposits of a supported token confirmed at finality; their documents.
-_CONFIRM = (
-    sa.update(_DEPOSITS)
-    .where(
-        _DEPOSITS.c.id == sa.any_(_array("ids")),
-        _DEPOSITS.c.status == states.SOURCE_SEEN,
-        _DEPOSITS.c.asset.is_not(None),
-    )
-    .values(
-        status=states.SOURCE_CONFIRMED,
-        confirmations=sa.bindparam("head", type_=sa.BigInteger()) - _DEPOSITS.c.block_number + 1,
-        confirmed_at=sa.bindparam("now", type_=_DEPOSITS.c.confirmed_at.type),
-        updated_at=sa.bindparam("now", type_=_DEPOSITS.c.updated_at.type),
-    )
-    .returning(*[_DEPOSITS.c[c] for c in _DOCUMENT_COLUMNS])
-)
-
-
-#: Deposits waiting for finality (`Detection.pending`).
-_PENDING = (
-    sa.select(
-        _DEPOSITS.c.id,
-        _DEPOSITS.c.block_number,
-        _DEPOSITS.c.block_hash,
-        _DEPOSITS.c.confirmations,
-        _DEPOSITS.c.required_confirmations,
-    )
-    .where(
-        _DEPOSITS.c.status == states.SOURCE_SEEN,
-        _DEPOSITS.c.chain_id == sa.bindparam("chain_id"),
-        _DEPOSITS.c.sandbox.is_(False),
-    )
-    .order_by(_DEPOSITS.c.block_number, _DEPOSITS.c.id)
-    .limit(sa.bindparam("limit", type_=sa.Integer()))
-)
-
-
-def _statement(session: Session, name: str, statement: sa.Executable) -> DriverStatement:
-    """`statement` compiled once for the session's database (see DriverStatement)."""
-    db = database_of(session)
-    assert db is not None
-    return db.attachment(f"deposits.{name}", lambda d: d.driver_statement(statement))
-
-
-def _any(values: Iterable[str]) -> sa.BindParameter[list[str]]:
-    """One array parameter (`= ANY(...)`): the statement text stays the same whatever the
-    number of values, so the driver parses it once."""
-    return sa.bindparam(None, list(values), type_=ARRAY(sa.String()))
 
 
 Key = tuple[str, str, str, int]
@@ -272,20 +104,6 @@ def _key_of(row: Any) -> Key:
         row.deposit_address.lower(),
         row.transfer_seq,
     )
-
-
-def account_at(
-    session: Session, chain_id: int, address: str, *, tenant_id: str | None = None
-) -> DepositAccount | None:
-    """The account a deposit address belongs to (only the tenant's, when given)."""
-    stmt = (
-        sa.select(DepositAccount)
-        .join(DepositAddress, DepositAccount.pk == DepositAddress.account_pk)
-        .where(DepositAddress.chain_id == chain_id, DepositAddress.address == address)
-    )
-    if tenant_id is not None:
-        stmt = stmt.where(DepositAccount.tenant_id == tenant_id)
-    return session.scalars(stmt).first()
 
 
 def deposit_row(
@@ -414,13 +232,7 @@ def open_deposit(
         sandbox_outcome=sandbox_outcome,
     )
     deposit = Deposit(**row)
-    try:
-        with session.begin_nested():
-            session.add(deposit)
-            session.flush()
-    except IntegrityError as exc:
-        if not is_unique_violation(exc):
-            raise
+    if not detection_store.insert(session, deposit):
         return None  # another watcher recorded the same transfer first
     transitions.emit(session, deposit, states.SOURCE_SEEN, now)
     log.info(
@@ -513,24 +325,12 @@ class Detection:
         if not pending:
             return 0
         now = self.clock()
-        confirmed = driver_rows(
-            driver_connection(session),
-            _statement(session, "confirm", _CONFIRM),
-            {"ids": pending, "head": head, "now": now},
-        )
+        confirmed = detection_store.confirm_pending(session, pending, head, now)
         self._emit(session, confirmed, states.SOURCE_CONFIRMED, now)
         if not recorded.unsupported.intersection(pending):
             return len(confirmed)
         # Deposits of unsupported tokens recorded before the watcher left them out.
-        for deposit in session.scalars(
-            sa.select(Deposit)
-            .where(
-                Deposit.id == sa.any_(_any(pending)),
-                Deposit.status == states.SOURCE_SEEN,
-                Deposit.asset.is_(None),
-            )
-            .with_for_update()
-        ):
+        for deposit in detection_store.lock_pending_unsupported(session, pending):
             deposit.confirmed_at = now
             transitions.review(session, deposit, now, states.REVIEW_UNSUPPORTED_TOKEN)
         return len(confirmed)
@@ -557,11 +357,7 @@ class Detection:
             }
             for s in sightings[:cap]
         ]
-        result = session.execute(
-            pg_insert(StrayTransfer.__table__)
-            .values(rows)
-            .on_conflict_do_nothing(constraint="uq_stray_transfer")
-        )
+        kept = detection_store.insert_strays(session, rows)
         if len(sightings) > cap:
             log.info(
                 "chain %s: %s transfers of unknown tokens in one range; kept %s",
@@ -569,15 +365,10 @@ class Detection:
                 len(sightings),
                 cap,
             )
-        return max(result.rowcount, 0)  # type: ignore[attr-defined]
+        return kept
 
     def _live(self, session: Session, chain_id: int, tx_hashes: set[str]) -> dict[Key, Any]:
-        rows = driver_rows(
-            driver_connection(session),
-            _statement(session, "live", _LIVE),
-            {"chain_id": chain_id, "tx_hashes": sorted(tx_hashes)},
-        )
-        return {_key_of(row): row for row in rows}
+        return {_key_of(row): row for row in detection_store.live(session, chain_id, tx_hashes)}
 
     def _move(
         self, session: Session, chain: Chain, row: Any, s: Sighting, head: int, now: datetime
@@ -612,7 +403,7 @@ class Detection:
                 0, min(head - t.block_number + 1, row.required_confirmations)
             )
             values["updated_at"] = now
-        session.execute(sa.update(Deposit).where(Deposit.id == row.id).values(**values))
+        detection_store.move(session, row.id, values)
 
     def _open(
         self, session: Session, chain: Chain, fresh: list[Sighting], head: int, now: datetime
@@ -620,11 +411,7 @@ class Detection:
         addresses = sorted({checksum(s.transfer.to_address) for s in fresh})
         accounts = {
             row.address.lower(): row
-            for row in driver_rows(
-                driver_connection(session),
-                _statement(session, "accounts", _ACCOUNTS),
-                {"chain_id": chain.chain_id, "addresses": addresses},
-            )
+            for row in detection_store.accounts_of(session, chain.chain_id, addresses)
         }
         fee = fee_for(session, chain)
         prices: dict[str, Decimal | None] = {}
@@ -667,14 +454,7 @@ class Detection:
             return {}
         # Another watcher may record the same transfers at the same time: the identity
         # index lets one of them through.
-        columns = tuple(rows[0][1])
-        statement = _statement(
-            session, f"insert_new_many:{','.join(columns)}", _insert_new_deposits(columns)
-        )
-        inserted = {
-            returned[0]
-            for returned in execute_json_rows(session, statement, [row for _, row in rows])
-        }
+        inserted = detection_store.insert_new(session, [row for _, row in rows])
         opened = {key: row["id"] for key, row in rows if row["id"] in inserted}
         self._emit(
             session,
@@ -728,26 +508,11 @@ class Detection:
         """Deposits of a chain (not sandbox) waiting for finality, oldest block first:
         id, block_number, block_hash, confirmations, required_confirmations (rows, not
         ORM objects: the watcher looks at up to a thousand every round)."""
-        statement = self.db.attachment("deposits.pending", lambda d: d.driver_statement(_PENDING))
-        with self.db.driver_autocommit() as conn:
-            return driver_rows(conn, statement, {"chain_id": chain_id, "limit": limit})
+        return detection_store.pending(self.db, chain_id, limit)
 
     def settled_above(self, chain_id: int, fork_from: int) -> list[Any]:
         """Deposits past `source_seen` recorded at or above a height (id, status, block)."""
-        with self.db.reader() as session:
-            return list(
-                session.execute(
-                    sa.select(
-                        Deposit.id, Deposit.status, Deposit.block_number, Deposit.block_hash
-                    ).where(
-                        Deposit.chain_id == chain_id,
-                        Deposit.sandbox.is_(False),
-                        Deposit.block_number >= fork_from,
-                        Deposit.status != states.SOURCE_SEEN,
-                        Deposit.source_vanished_at.is_(None),
-                    )
-                )
-            )
+        return detection_store.settled_above(self.db, chain_id, fork_from)
 
     def deep_reorg(
         self, chain_id: int, fork_from: int, canonical: Mapping[int, str], stale: Iterable[Any]
@@ -825,7 +590,7 @@ class Detection:
             return None
         assert recorded.deposits is not None
         (deposit_id, _) = next(iter(recorded.deposits.values()))
-        return session.get(Deposit, deposit_id)
+        return detection_store.get(session, deposit_id)
 
     def set_confirmations(self, counts: Mapping[str, int]) -> None:
         """Store confirmation counts of deposits still waiting for their depth."""
@@ -838,14 +603,7 @@ class Detection:
         with self.db.transaction() as session:
             # One statement per count: deposits of a block share theirs.
             for count, ids in by_count.items():
-                session.execute(
-                    sa.update(_DEPOSITS)
-                    .where(
-                        _DEPOSITS.c.id == sa.any_(_any(ids)),
-                        _DEPOSITS.c.status == states.SOURCE_SEEN,
-                    )
-                    .values(confirmations=count, updated_at=now)
-                )
+                detection_store.set_confirmations(session, ids, count, now)
 
     def confirm(
         self,

@@ -20,7 +20,8 @@ from eth_utils import keccak
 
 from services.core import amounts
 from services.core.chains import ChainRegistry
-from services.core.deposits.detection import Detection, account_at, open_deposit
+from services.core.deposits.detection import Detection, open_deposit
+from services.core.deposits.detection_store import account_at
 from services.core.deposits.models import Deposit
 from services.core.deposits.pricing import PriceSource, amount_usd
 from services.core.deposits.rules import SANDBOX_OUTCOMES

@@ -60,14 +60,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from services.core.chains import Chain
+from services.core.deposits import cursor_store
 from services.core.deposits.addressbook import AddressBook
 from services.core.deposits.chain_check import ChainCheck
 from services.core.deposits.detection import Detection, Sighting, number_transfers
-from services.core.deposits.models import ChainCheckpoint, ChainCursor
+from services.core.deposits.models import ChainCursor
 from services.core.evm import (
     TRANSFER_BLOOM,
     BlockHeader,
@@ -220,15 +220,10 @@ class ChainWatcher:
 
     def _position(self) -> _Position:
         with self.db.reader() as session:
-            cursor = session.get(ChainCursor, self.chain_id)
+            cursor = cursor_store.find_cursor(session, self.chain_id)
             if cursor is None:
                 return _Position(-1, -1, {})
-            rows = session.execute(
-                sa.select(ChainCheckpoint.number, ChainCheckpoint.hash).where(
-                    ChainCheckpoint.chain_id == self.chain_id
-                )
-            )
-            checkpoints = {number: block_hash for number, block_hash in rows}
+            checkpoints = cursor_store.checkpoints(session, self.chain_id)
             confirmed = cursor.confirmed_block
             return _Position(
                 cursor.next_block,
@@ -238,7 +233,7 @@ class ChainWatcher:
 
     def _ensure_cursor(self, head: int) -> None:
         with self.db.reader() as session:
-            cursor = session.get(ChainCursor, self.chain_id)
+            cursor = cursor_store.find_cursor(session, self.chain_id)
             if cursor is not None and cursor.confirmed_block is not None:
                 return
         if self.start_block is not None:
@@ -250,48 +245,29 @@ class ChainWatcher:
         # every range read is then still followed from where watching began.
         floor = self.reader.block(first - 1) if first > 0 else None
         with self.db.transaction() as session:
-            cursor = session.get(ChainCursor, self.chain_id, with_for_update=True)
+            cursor = cursor_store.find_cursor(session, self.chain_id, lock=True)
             if cursor is None:
-                try:
-                    with session.begin_nested():
-                        session.add(
-                            ChainCursor(
-                                chain_id=self.chain_id,
-                                next_block=first,
-                                confirmed_block=first,
-                                head=None,
-                                updated_at=self.detection.clock(),
-                            )
-                        )
-                        if floor is not None:
-                            session.merge(
-                                ChainCheckpoint(
-                                    chain_id=self.chain_id, number=floor.number, hash=floor.hash
-                                )
-                            )
-                except sa.exc.IntegrityError:
+                created = cursor_store.create_cursor(
+                    session,
+                    self.chain_id,
+                    first,
+                    None if floor is None else (floor.number, floor.hash),
+                    self.detection.clock(),
+                )
+                if not created:
                     return  # another worker created it
                 log.info("chain %s: watching from block %s", self.chain_id, first)
             elif cursor.confirmed_block is None:
                 # A cursor from before the reading at finality: start it under the oldest
                 # pending deposit, so every one of them is read again before it counts.
-                oldest = self._oldest_pending(session)
+                oldest = self._oldest_pending()
                 cursor.confirmed_block = min(
                     cursor.next_block, oldest if oldest is not None else cursor.next_block
                 )
 
-    def _oldest_pending(self, session: Session) -> int | None:
+    def _oldest_pending(self) -> int | None:
         pending = self.detection.pending(self.chain_id, 1)
         return pending[0].block_number if pending else None
-
-    def _lock_cursor(self, session: Session) -> ChainCursor:
-        stmt = (
-            sa.select(ChainCursor)
-            .where(ChainCursor.chain_id == self.chain_id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
-        return session.scalars(stmt).one()
 
     # --- reading a range --------------------------------------------------------------------
 
@@ -410,7 +386,7 @@ class ChainWatcher:
                 return
             strays = self._strays(read) if self.stray_tokens else []
             with self.db.transaction() as session:
-                cursor = self._lock_cursor(session)
+                cursor = cursor_store.lock_cursor(session, self.chain_id)
                 if cursor.confirmed_block != read.start:
                     return  # another worker read it first
                 sightings = self._deposits_in(read.logs)
@@ -435,7 +411,7 @@ class ChainWatcher:
                 result.refused += 1
                 return
             with self.db.transaction() as session:
-                cursor = self._lock_cursor(session)
+                cursor = cursor_store.lock_cursor(session, self.chain_id)
                 if cursor.next_block != read.start:
                     return  # another worker read it first
                 recorded = self.detection.record(
@@ -458,7 +434,7 @@ class ChainWatcher:
     ) -> None:
         cursor.head = head
         cursor.updated_at = self.detection.clock()
-        session.merge(ChainCheckpoint(chain_id=self.chain_id, number=read.end, hash=read.tip.hash))
+        cursor_store.put_checkpoint(session, self.chain_id, read.end, read.tip.hash)
         at.checkpoints[read.end] = read.tip.hash
         at.next_block = cursor.next_block
         at.confirmed_block = (
@@ -466,11 +442,7 @@ class ChainWatcher:
         )
         drop = self._thinned(at.checkpoints, at.confirmed_block)
         if drop:
-            session.execute(
-                sa.delete(ChainCheckpoint).where(
-                    ChainCheckpoint.chain_id == self.chain_id, ChainCheckpoint.number.in_(drop)
-                )
-            )
+            cursor_store.drop_checkpoints(session, self.chain_id, drop)
             for number in drop:
                 del at.checkpoints[number]
 
@@ -533,18 +505,13 @@ class ChainWatcher:
                 fork_from,
             )
         with self.db.transaction() as session:
-            cursor = self._lock_cursor(session)
+            cursor = cursor_store.lock_cursor(session, self.chain_id)
             deep = cursor.confirmed_block is not None and cursor.confirmed_block > fork_from
             cursor.next_block = min(cursor.next_block, fork_from)
             if cursor.confirmed_block is not None:
                 cursor.confirmed_block = min(cursor.confirmed_block, fork_from)
             cursor.updated_at = self.detection.clock()
-            session.execute(
-                sa.delete(ChainCheckpoint).where(
-                    ChainCheckpoint.chain_id == self.chain_id,
-                    ChainCheckpoint.number >= fork_from,
-                )
-            )
+            cursor_store.drop_checkpoints_from(session, self.chain_id, fork_from)
             at.next_block = cursor.next_block
             at.confirmed_block = (
                 cursor.next_block if cursor.confirmed_block is None else cursor.confirmed_block
