@@ -18,10 +18,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,51 +161,91 @@ def _suite_env(vectors_file: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "SETTLE_WEBHOOK_VECTORS": str(vectors_file), "CI": "1", **extra}
 
 
+#: Run by a fresh virtualenv's own Python with nothing but the installed package: every
+#: vector of the file must verify or be refused as it says; prints the count checked.
+_VERIFY_VECTORS = """
+import base64, json, sys
+import settle_webhooks
+checked = 0
+for v in json.load(open(sys.argv[1], encoding="utf-8")):
+    body = base64.b64decode(v["body"])
+    try:
+        settle_webhooks.verify(v["secret"], v["headers"], body, now=v["now"])
+        ok = True
+    except settle_webhooks.WebhookVerificationError:
+        ok = False
+    if ok != v["valid"]:
+        sys.exit(f"{v['name']}: verified={ok}, expected {v['valid']}")
+    checked += 1
+print(checked, settle_webhooks.__version__, settle_webhooks.__file__)
+"""
+
+
+def _fresh_venv(where: Path) -> Path:
+    """A new virtualenv outside the repository (its own pip); its Python."""
+    made = _run([sys.executable, "-m", "venv", str(where)])
+    assert made.returncode == 0, made.stderr
+    return where / "bin" / "python"
+
+
+def _version_of_source() -> str:
+    text = (ROOT / "clients" / "python" / "src" / "settle_webhooks" / "__init__.py").read_text()
+    (version,) = re.findall(r'^__version__ = "([^"]+)"', text, re.M)
+    return version
+
+
 def test_the_python_package_installs_and_passes_its_suite_on_real_deliveries(
     vectors_file: Path, tmp_path: Path
 ) -> None:
-    # Given the package built as a wheel from a copy of its sources, and installed
+    # Given the package built as a wheel and an sdist by `python -m build` from a copy of
+    # its sources outside the repository
     source = tmp_path / "src"
     shutil.copytree(ROOT / "clients" / "python", source)
     built = _run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(source), "-w", str(tmp_path / "dist")]
+        [sys.executable, "-m", "build", "--no-isolation", "-o", str(tmp_path / "dist"),
+         str(source)]
     )  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    (wheel,) = (tmp_path / "dist").glob("settle_webhooks-*.whl")
-    site = tmp_path / "site"
-    installed = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(wheel),
-        ]
-    )
-    assert installed.returncode == 0, installed.stderr
+    assert built.returncode == 0, built.stdout + built.stderr
+    version = _version_of_source()
+    (wheel,) = (tmp_path / "dist").glob(f"settle_webhooks-{version}-py3-none-any.whl")
+    (sdist,) = (tmp_path / "dist").glob(f"settle[-_]webhooks-{version}.tar.gz")
+    # Each carries its licence and README (the wheel's METADATA holds the README)
+    with zipfile.ZipFile(wheel) as zipped:
+        names = zipped.namelist()
+        assert f"settle_webhooks-{version}.dist-info/LICENSE" in names, names
+        metadata = zipped.read(f"settle_webhooks-{version}.dist-info/METADATA").decode()
+        assert f"Version: {version}" in metadata and "settle_webhooks import" in metadata
+    with tarfile.open(sdist) as tarred:
+        names = tarred.getnames()
+    for member in ("LICENSE", "README.md", "pyproject.toml", "src/settle_webhooks/__init__.py"):
+        assert f"{sdist.name.removesuffix('.tar.gz')}/{member}" in names, (member, names)
 
-    # When its own suite runs against the installed copy and the real deliveries
+    # (`python -m build` makes the wheel from the sdist, so the sdist builds too)
+
+    # When the wheel is installed into a fresh virtualenv (offline, no dependencies)
+    python = _fresh_venv(tmp_path / "venv")
+    installed = _run(
+        [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)]
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    # Then that virtualenv's Python alone verifies every real delivery and refuses every
+    # forgery, with the installed copy
+    checked = _run([str(python), "-c", _VERIFY_VECTORS, str(vectors_file)], cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    count, shown_version, where = checked.stdout.split()
+    assert int(count) >= 10 and shown_version == version
+    assert where.startswith(str(tmp_path / "venv")), where
+
+    # And the package's own suite passes against that installed copy
+    site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
     suite = _run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
          str(source), "-c", str(source / "pyproject.toml"), str(source / "tests")],
         env=_suite_env(vectors_file, PYTHONPATH=str(site)),
         cwd=tmp_path,
     )  # fmt: skip
-
-    # Then every test passes, none skipped, and it tested the installed package
     assert suite.returncode == 0, suite.stdout + suite.stderr
     assert "skipped" not in suite.stdout and " passed" in suite.stdout, suite.stdout
-    where = _run(
-        [sys.executable, "-c", "import settle_webhooks; print(settle_webhooks.__file__)"],
-        env={**os.environ, "PYTHONPATH": str(site)},
-        cwd=tmp_path,
-    )
-    assert where.stdout.strip().startswith(str(site)), where.stdout
 
 
 def _need(tool: str) -> str:
@@ -230,8 +273,10 @@ def test_the_node_package_packs_installs_and_passes_its_suite_on_real_deliveries
     assert installed.returncode == 0, installed.stderr
     package = app / "node_modules" / "settle-webhooks"
     assert sorted(p.name for p in package.iterdir()) == [
-        "README.md", "index.d.ts", "index.js", "index.mjs", "package.json",
+        "LICENSE", "README.md", "index.d.ts", "index.js", "index.mjs", "package.json",
     ]  # fmt: skip
+    version = json.loads((ROOT / "clients" / "node" / "package.json").read_text())["version"]
+    assert tarball.name == f"settle-webhooks-{version}.tgz"
     # Both module systems load it
     for code in (
         "const v = require('settle-webhooks'); if (typeof v.verify !== 'function') process.exit(1)",
