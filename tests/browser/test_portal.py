@@ -487,6 +487,54 @@ def test_a_failing_delivery_shows_its_attempts_and_replay_makes_it_succeed(
     page.get_by_text("succeeded").first.wait_for()
 
 
+def test_an_ordered_endpoints_held_delivery_shows_what_holds_it(
+    page: Any, portal: Portal, receiver: Receiver
+) -> None:
+    # Given an endpoint ordering per account whose receiver hangs past the deadline
+    receiver.script("/ordered", Answer.hang(30))
+    made = portal.call(
+        "POST",
+        "/v1/webhook-endpoints",
+        {
+            "name": "ordered",
+            "url": receiver.url("/ordered"),
+            "eventTypes": ["deposit.account.*"],
+            "ordering": "per_account",
+        },
+    )
+    endpoint_id = made["webhookEndpoint"]["id"]
+    assert made["webhookEndpoint"]["ordering"] == "per_account"
+    # When an account's first event is being tried and its second comes
+    user = f"ordered-{uuid.uuid4().hex[:8]}"
+    portal.call(
+        "POST", "/v1/deposit-accounts", {"externalUserId": user, "destination": DESTINATION}
+    )
+    assert receiver.wait_for(lambda r: len(r.hits("/ordered")) >= 1, 15)
+    portal.call(
+        "PATCH",
+        f"/v1/deposit-accounts/{user}/destination",
+        {"destination": {**DESTINATION, "address": NEW_WALLET}},
+    )
+    listed = portal.wait_for(
+        "GET",
+        f"/v1/webhook-deliveries?endpointId={endpoint_id}",
+        lambda b: len(b["webhookDeliveries"]) == 2,
+    )["webhookDeliveries"]
+    second, first = listed  # newest first
+    assert second["heldBy"] == first["id"] and first["heldBy"] is None
+    # Then the deliveries page says which one holds the second, and links to it
+    sign_in(page, portal, "developer")
+    page.goto(f"/portal/#/deliveries?endpointId={endpoint_id}")
+    row = page.get_by_role("row").filter(has_text=second["id"])
+    row.get_by_text("held by").wait_for()
+    row.get_by_role("link", name=first["id"]).click()
+    page.get_by_role("heading", name=f"Delivery {first['id']}").wait_for()
+    page.goto(f"/portal/#/deliveries/{second['id']}")
+    page.locator("span.held").get_by_role("link", name=first["id"]).wait_for()
+    page.goto(f"/portal/#/endpoints/{endpoint_id}")
+    page.get_by_text("per account: an account's events one at a time").wait_for()
+
+
 def test_lists_page_with_cursors_and_sort_by_time(
     page: Any, portal: Portal, receiver: Receiver
 ) -> None:

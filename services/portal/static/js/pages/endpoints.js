@@ -97,6 +97,7 @@ async function renderOne(root, endpointId) {
       // Patterns ("*", "deposit.*") spelled out: the types it receives today.
       ...(endpoint.receives.join() === endpoint.eventTypes.join() ? [] : [["Receives today", endpoint.receives.join(", ")]]),
       ["Signature scheme", endpoint.signatureScheme === "standard" ? "Standard Webhooks (and Settle's headers)" : "Settle"],
+      ["Ordering", endpoint.ordering === "per_account" ? "per account: an account's events one at a time, in order" : "none"],
       ["Previous secret valid until", time(endpoint.previousSecretExpiresAt)],
       ["Created", time(endpoint.createdAt)],
       ["Updated", time(endpoint.updatedAt)],
