@@ -1,4 +1,5 @@
-"""No import circles in services/ and shared/ (STYLE: the floors of the house).
+"""No import circles in services/ and shared/ (STYLE: the floors of the house): the Python
+modules, and the portal's ES modules (services/portal/static/js).
 
 Every import counts, wherever it stands: at the top of a module, inside a function, or
 under `if TYPE_CHECKING:`. A circle hidden in a function body is still a circle: a reader
@@ -9,11 +10,14 @@ the file breaks at run time. No exemptions: move the shared names down a floor.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("services", "shared")
+#: `import ... from "./x.js"`, `import "./x.js"`, `export ... from "./x.js"`, `import("./x.js")`.
+JS_IMPORT = re.compile(r"""(?:\bfrom|\bimport)\s*\(?\s*["'](\.{1,2}/[^"']+)["']""")
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -48,10 +52,26 @@ def _imported(tree: ast.AST, name: str, is_package: bool) -> Iterator[str]:
             yield module
 
 
-def graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the project modules it imports."""
-    files = modules(root)
+def js_graph(root: Path) -> dict[str, set[str]]:
+    """ES module (its path) -> the modules of ours it imports (relative specifiers)."""
     edges: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.js")):
+            name = path.relative_to(root).as_posix()
+            targets = set()
+            for specifier in JS_IMPORT.findall(path.read_text()):
+                target = (path.parent / specifier).resolve()
+                if target.is_file():
+                    targets.add(target.relative_to(root.resolve()).as_posix())
+            edges[name] = targets
+    return edges
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (Python by dotted name, ES modules by
+    path)."""
+    files = modules(root)
+    edges: dict[str, set[str]] = js_graph(root)
     for name, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         targets: set[str] = set()
@@ -143,8 +163,15 @@ def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:
     )
     (tmp_path / "services" / "pkg" / "d.py").write_text("from services import c\n")
     (tmp_path / "services" / "pkg" / "e.py").write_text("from . import d\nimport shared.a\n")
+    js = tmp_path / "services" / "js"
+    (js / "pages").mkdir(parents=True)
+    (js / "app.js").write_text('import * as one from "./pages/one.js";\n')
+    (js / "pages" / "one.js").write_text('import { go } from "../app.js";\n')
+    (js / "pages" / "two.js").write_text('import { go } from "../nav.js";\n')
+    (js / "nav.js").write_text("export function go() {}\n")
     edges = graph(tmp_path)
     assert sorted(circles(edges)) == [
         ["services.c", "services.pkg.d"],
+        ["services/js/app.js", "services/js/pages/one.js"],
         ["shared.a", "shared.b"],
     ]

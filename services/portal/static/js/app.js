@@ -1,7 +1,8 @@
-// The portal: who is signed in, the navigation, and the router (routes live in the
+// The portal: the navigation and the router (who is signed in: session.js) (routes live in the
 // URL's fragment: #/deliveries?status=failed, #/endpoints/we_..., ...).
 
 import { api, rememberCsrf, whenSignedOut } from "./api.js";
+import { go, session } from "./session.js";
 import { h, message } from "./ui.js";
 import * as access from "./pages/access.js";
 import * as accounts from "./pages/accounts.js";
@@ -14,19 +15,6 @@ import * as overview from "./pages/overview.js";
 import * as security from "./pages/security.js";
 import * as signin from "./pages/signin.js";
 import * as statements from "./pages/statements.js";
-
-const RANK = { viewer: 0, developer: 1, admin: 2, owner: 3 };
-
-/** What the signed-in session may do (the API decides; this only hides what it refuses). */
-export const session = {
-  current: null,
-  get link() {
-    return Boolean(this.current && this.current.memberId === null);
-  },
-  can(role) {
-    return Boolean(this.current) && RANK[this.current.role] >= RANK[role];
-  },
-};
 
 // [pattern, page module, title, nav path (or null), who sees it]
 const ROUTES = [
@@ -63,16 +51,6 @@ function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
   const [path, search] = raw.split("?");
   return { path: path || "/", params: new URLSearchParams(search || "") };
-}
-
-/** Go to a route (its query given as an object of set values). */
-export function go(path, params) {
-  const search = params ? new URLSearchParams(
-    Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== ""),
-  ).toString() : "";
-  const target = "#" + path + (search ? "?" + search : "");
-  if (location.hash === target) render();
-  else location.hash = target;
 }
 
 function renderNav(active) {
@@ -165,13 +143,6 @@ async function render() {
     return;
   }
   main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, h("a", { href: "#/" }, "Overview")));
-}
-
-/** Read the session again (after a change to two-factor sign-in) and show `path`. */
-export async function refreshSession(path) {
-  const body = await api("GET", "/v1/sessions/current");
-  session.current = body.session;
-  go(path);
 }
 
 async function signedIn(body) {

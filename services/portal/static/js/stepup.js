@@ -4,7 +4,7 @@
 // API is what enforces it (403 step_up_required); the dialog makes it one step.
 
 import { api } from "./api.js";
-import { session } from "./app.js";
+import { session } from "./session.js";
 import { field, h, input, message } from "./ui.js";
 
 /** Whether the session gave a password or code recently enough (10 s of margin). */

@@ -1,7 +1,7 @@
 // API keys and members (admins and owners).
 
 import { api, enc, query } from "../api.js";
-import { go, session } from "../app.js";
+import { go, session } from "../session.js";
 import {
   badge,
   checkboxes,

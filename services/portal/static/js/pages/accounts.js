@@ -2,7 +2,7 @@
 // tenant's destination policy.
 
 import { api, enc, query } from "../api.js";
-import { go, session } from "../app.js";
+import { go, session } from "../session.js";
 import {
   code,
   dl,

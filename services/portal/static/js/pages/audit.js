@@ -2,7 +2,7 @@
 // filtered by action, actor and time.
 
 import { api, query } from "../api.js";
-import { go } from "../app.js";
+import { go } from "../session.js";
 import { code, field, form, h, input, isoToLocal, listFilters, localToIso, pager, table, time } from "../ui.js";
 
 const listState = { stack: [], cursor: null, key: "" };

@@ -2,7 +2,7 @@
 // attempt, Replay.
 
 import { api, enc, query } from "../api.js";
-import { go, session } from "../app.js";
+import { go, session } from "../session.js";
 import {
   badge,
   code,

@@ -2,7 +2,7 @@
 // with the events and deliveries it caused.
 
 import { api, query } from "../api.js";
-import { go } from "../app.js";
+import { go } from "../session.js";
 import {
   badge,
   code,

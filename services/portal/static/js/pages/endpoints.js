@@ -2,7 +2,7 @@
 // delete, recover a time window.
 
 import { api, enc, query } from "../api.js";
-import { go, session } from "../app.js";
+import { go, session } from "../session.js";
 import {
   badge,
   checkboxes,

@@ -2,7 +2,7 @@
 // type to an endpoint.
 
 import { api, enc } from "../api.js";
-import { go, session } from "../app.js";
+import { go, session } from "../session.js";
 import { code, field, form, h, pre, select, toast } from "../ui.js";
 import { allEndpoints, eventTypes } from "./shared.js";
 

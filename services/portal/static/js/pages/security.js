@@ -2,7 +2,7 @@
 // turn it off) and, for owners, requiring it of every member.
 
 import { api } from "../api.js";
-import { refreshSession, session } from "../app.js";
+import { refreshSession, session } from "../session.js";
 import { field, form, h, input, message, section, time, toast } from "../ui.js";
 import { confirmSensitive } from "../stepup.js";
 
