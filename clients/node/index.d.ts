@@ -37,3 +37,20 @@ export function verify<Data = Record<string, unknown>>(
 
 /** The hex HMAC-SHA256 Settle puts after `v1=`. */
 export function sign(secret: string, timestamp: number | string, body: Buffer | Uint8Array | string): string;
+
+/** Check a delivery by its Standard Webhooks headers (an endpoint with signatureScheme "standard"). */
+export function verifyStandard<Data = Record<string, unknown>>(
+  secret: string,
+  headers: HeaderSource,
+  body: Buffer | Uint8Array | string,
+  options?: { tolerance?: number; now?: number },
+): SettleEvent<Data>;
+
+/** The base64 HMAC-SHA256 Standard Webhooks puts after `v1,`. */
+export function signStandard(
+  secret: string,
+  id: string,
+  timestamp: number | string,
+  body: Buffer | Uint8Array | string,
+): string;
+

@@ -163,11 +163,81 @@ function verify(secret, headers, body, options = {}) {
   return event;
 }
 
+// -- Standard Webhooks (an endpoint with signatureScheme "standard") ------------------
+
+const STANDARD_ID_HEADER = 'webhook-id';
+const STANDARD_TIMESTAMP_HEADER = 'webhook-timestamp';
+const STANDARD_SIGNATURE_HEADER = 'webhook-signature';
+
+/** The key of the standard scheme: the base64 after `whsec_`, decoded. */
+function standardKey(secret) {
+  checkSecret(secret);
+  const text = secret.startsWith('whsec_') ? secret.slice('whsec_'.length) : secret;
+  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(text) || text.length % 4 !== 0) {
+    throw new TypeError('the secret is not whsec_ followed by base64: rotate it (an old secret)');
+  }
+  return Buffer.from(text, 'base64');
+}
+
+/** The base64 HMAC-SHA256 Standard Webhooks puts after `v1,` (useful in your own tests). */
+function signStandard(secret, id, timestamp, body) {
+  return crypto
+    .createHmac('sha256', standardKey(secret))
+    .update(Buffer.from(`${id}.${timestamp}.`, 'utf8'))
+    .update(asBuffer(body))
+    .digest('base64');
+}
+
+/**
+ * Check a delivery by its Standard Webhooks headers (webhook-id, webhook-timestamp,
+ * webhook-signature: `v1,<base64>` values separated by spaces) and return its event.
+ * Same options, errors and result as `verify`.
+ */
+function verifyStandard(secret, headers, body, options = {}) {
+  const key = standardKey(secret);
+  const raw = asBuffer(body);
+  const tolerance = options.tolerance === undefined ? DEFAULT_TOLERANCE_S : options.tolerance;
+  const id = header(headers, STANDARD_ID_HEADER);
+  const timestamp = checkedTimestamp(header(headers, STANDARD_TIMESTAMP_HEADER), tolerance, options.now);
+  const expected = Buffer.from(
+    crypto.createHmac('sha256', key).update(Buffer.from(`${id}.${timestamp}.`, 'utf8')).update(raw).digest('base64'),
+    'utf8',
+  );
+  let matched = false;
+  let offered = 0;
+  for (const part of header(headers, STANDARD_SIGNATURE_HEADER).split(' ')) {
+    const comma = part.indexOf(',');
+    if (comma <= 0 || part.slice(0, comma) !== SCHEME) continue;
+    offered += 1;
+    const value = Buffer.from(part.slice(comma + 1), 'utf8');
+    const same = value.length === expected.length && crypto.timingSafeEqual(value, expected);
+    matched = same || matched;
+  }
+  if (offered === 0) {
+    throw new WebhookVerificationError('malformed_header', `${STANDARD_SIGNATURE_HEADER} has no v1, value`);
+  }
+  if (!matched) {
+    throw new WebhookVerificationError('invalid_signature', 'no v1, signature matches the body and the secret');
+  }
+  let event;
+  try {
+    event = JSON.parse(raw.toString('utf8'));
+  } catch {
+    throw new WebhookVerificationError('malformed_header', 'the body is not JSON');
+  }
+  if (event === null || typeof event !== 'object' || Array.isArray(event)) {
+    throw new WebhookVerificationError('malformed_header', 'the body is not a JSON object');
+  }
+  return event;
+}
+
 module.exports = {
   DEFAULT_TOLERANCE_S,
   SIGNATURE_HEADER,
   TIMESTAMP_HEADER,
   WebhookVerificationError,
   sign,
+  signStandard,
   verify,
+  verifyStandard,
 };

@@ -7,6 +7,8 @@ export const {
   TIMESTAMP_HEADER,
   WebhookVerificationError,
   sign,
+  signStandard,
   verify,
+  verifyStandard,
 } = verifier;
 export default verifier;

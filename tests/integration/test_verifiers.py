@@ -16,6 +16,7 @@ file. Then:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from services.notifier.secrets import new_secret as new_standard_secret
 from shared import event_catalog, events, signing
 from tests.conftest import make_tenant
 from tests.support.pipeline import isolated_database, running_pipeline
@@ -43,6 +45,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SNIPPETS = ROOT / "docs" / "examples" / "verify"
 WEBHOOKS_DOC = ROOT / "docs" / "WEBHOOKS.md"
+#: The npm `standardwebhooks` the Node package is checked against (pinned).
+NPM_STANDARDWEBHOOKS = "1.1.1"
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         tenant_id = make_tenant(pipeline.db).tenant_id
         types = [events.DEPOSIT_CREDITED, events.ACCOUNT_CREATED]
         endpoint_id, first_secret = pipeline.endpoint(tenant_id, rx.url("/hook"), types)
+        std_id, std_first = pipeline.endpoint(
+            tenant_id, rx.url("/std"), types, signature_scheme=signing.STANDARD
+        )
         account = event_catalog.get(events.ACCOUNT_CREATED).example["data"]  # a copy
         account["depositAccount"]["metadata"] = {"note": 'grüße ✓ \u2028 "quoted" </script>'}
         credited = event_catalog.get(events.DEPOSIT_CREDITED).example["data"]
@@ -128,11 +135,13 @@ def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         # and a third is emitted
         pipeline.emit(tenant_id, events.ACCOUNT_CREATED, account)
         pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, credited)
-        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 2, 20)
+        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 2 and len(r.hits("/std")) >= 2, 20)
         new_secret = pipeline.rotate(endpoint_id, overlap_s=3600)
+        std_new = pipeline.rotate(std_id, overlap_s=3600)
         pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, credited)
-        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 3, 20)
+        assert rx.wait_for(lambda r: len(r.hits("/hook")) >= 3 and len(r.hits("/std")) >= 3, 20)
         hits = rx.hits("/hook")
+        std_hits = rx.hits("/std")
 
     now = int(time.time())
     before, after = hits[:2], hits[2:]
@@ -149,6 +158,36 @@ def vectors_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         vectors += _forgeries(vector, other_secret="whsec_" + "A" * 43)
     path = tmp_path_factory.mktemp("vectors") / "deliveries.json"
     path.write_text(json.dumps([v.document() for v in vectors], indent=1), encoding="utf-8")
+    # The standard endpoint's deliveries (before and during its rotation overlap) and
+    # forgeries of them, beside: standard.json
+    standard: list[Vector] = []
+    for n, hit in enumerate(std_hits[:2]):
+        standard.append(Vector(f"standard {n}", std_first, hit.headers, hit.body, True, now))
+    rotated_std = std_hits[2]
+    assert " " in rotated_std.headers[signing.STANDARD_SIGNATURE_HEADER], "both secrets sign"
+    for label, secret in (("new", std_new), ("old", std_first)):
+        standard.append(
+            Vector(
+                f"standard rotated, {label}",
+                secret,
+                rotated_std.headers,
+                rotated_std.body,
+                True,
+                now,
+            )
+        )
+    for real_std in list(standard):
+        standard += [
+            dataclasses.replace(real_std, name=f"{real_std.name}: a byte changed", valid=False,
+                                body=real_std.body.replace(b"}", b" }", 1)),
+            dataclasses.replace(real_std, name=f"{real_std.name}: another secret", valid=False,
+                                secret=new_standard_secret()),
+            dataclasses.replace(real_std, name=f"{real_std.name}: another webhook-id",
+                                valid=False, headers={**real_std.headers, "webhook-id": "evt_x"}),
+        ]  # fmt: skip
+    (path.parent / "standard.json").write_text(
+        json.dumps([v.document() for v in standard], indent=1), encoding="utf-8"
+    )
     yield path
 
 
@@ -293,6 +332,59 @@ def test_the_node_package_packs_installs_and_passes_its_suite_on_real_deliveries
     # Then every test passes and none is skipped
     assert suite.returncode == 0, suite.stdout + suite.stderr
     assert "# fail 0" in suite.stdout and "# skipped 0" in suite.stdout, suite.stdout
+
+
+#: Run in the app folder: each standard vector through our verifyStandard and through npm
+#: `standardwebhooks`' Webhook, unchanged; both must agree with the vector. Prints the count.
+_NODE_STANDARD = """
+const fs = require('fs');
+const ours = require('settle-webhooks');
+const { Webhook } = require('standardwebhooks');
+let checked = 0;
+for (const v of JSON.parse(fs.readFileSync(process.argv[1], 'utf8'))) {
+  const body = Buffer.from(v.body, 'base64');
+  let mine = true, theirs = true;
+  try {
+    ours.verifyStandard(v.secret, v.headers, body, { now: v.now });
+  } catch (e) { mine = false; }
+  try {
+    new Webhook(v.secret).verify(body.toString('utf8'), v.headers);
+  } catch (e) { theirs = false; }
+  if (mine !== v.valid || theirs !== v.valid) {
+    console.error(`${v.name}: ours ${mine}, standardwebhooks ${theirs}, expected ${v.valid}`);
+    process.exit(1);
+  }
+  checked += 1;
+}
+console.log(checked);
+"""
+
+
+def test_the_node_package_agrees_with_npm_standardwebhooks_on_standard_deliveries(
+    vectors_file: Path, tmp_path: Path
+) -> None:
+    npm = _need("npm")
+    node = _need("node")
+    # Given the packed tarball and npm's `standardwebhooks`, installed into a fresh folder
+    packed = _run(
+        [npm, "pack", str(ROOT / "clients" / "node"), "--pack-destination", str(tmp_path)]
+    )
+    assert packed.returncode == 0, packed.stderr
+    (tarball,) = tmp_path.glob("settle-webhooks-*.tgz")
+    app = tmp_path / "app"
+    installed = _run(
+        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(app), str(tarball),
+         f"standardwebhooks@{NPM_STANDARDWEBHOOKS}"]
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    # When both verify a standard endpoint's real deliveries (before and during a
+    # rotation overlap) and their forgeries
+    checked = _run(
+        [node, "-e", _NODE_STANDARD, str(vectors_file.parent / "standard.json")], cwd=app
+    )
+    # Then they agree with each other and with what each vector is
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert int(checked.stdout.strip()) >= 16
 
 
 # -- the documented snippets --------------------------------------------------------
