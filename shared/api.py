@@ -593,16 +593,22 @@ def _refuse_control_characters() -> None:
     a member id answered 500). One check before routing's own 404 and before any
     handler, for every route of both services, the portal's pages included (issue 23).
     """
+    if _CONTROL.search(request.path):
+        raise InvalidRequest("the path holds a control character (NUL, a line break, ...)")
     query = request.query_string
-    if _CONTROL.search(request.path) or (
-        query
-        and _CONTROL.search(
-            urllib.parse.unquote_plus(query.decode("latin-1"), encoding="utf-8", errors="replace")
-        )
+    if not query:
+        return
+    text = query.decode("latin-1")
+    if not _CONTROL.search(urllib.parse.unquote_plus(text, encoding="utf-8", errors="replace")):
+        return
+    message = "holds a control character (NUL, a line break, ...)"
+    for name, value in urllib.parse.parse_qsl(
+        text, keep_blank_values=True, encoding="utf-8", errors="replace"
     ):
-        raise InvalidRequest(
-            "the path or the query holds a control character (NUL, a line break, ...)"
-        )
+        if _CONTROL.search(name) or _CONTROL.search(value):
+            # Name the parameter, as a filter's own validation does (escaped: JSON).
+            raise field_error(name, message)
+    raise InvalidRequest(f"the query {message}")
 
 
 #: An HTML page's policy unless it sets its own (the portal, the API docs): nothing

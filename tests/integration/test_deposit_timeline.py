@@ -188,7 +188,8 @@ def test_another_tenants_or_no_deposit_is_404_and_scopes_hold(
         amount=Decimal("10"),
     )
     # Another tenant's deposit answers exactly as one that does not exist
-    for deposit_id in (deposit.id, "dep_01NOSUCHDEPOSIT0000000000", "x%00y", "a" * 300, "%27"):
+    # (a NUL in the path is a 400 on every route: test_control_characters.py)
+    for deposit_id in (deposit.id, "dep_01NOSUCHDEPOSIT0000000000", "a" * 300, "%27"):
         response = client.get(f"/v1/deposits/{deposit_id}/timeline", headers=other_tenant.headers)
         assert_error(response, 404, "not_found")
     # And the route takes deposits:read, like the deposit itself

@@ -158,7 +158,8 @@ def test_deposit_object_and_single_read(
 def test_another_tenants_deposits_are_invisible(
     client: FlaskClient, tenant: TenantKeys, other_tenant: TenantKeys, seeded: dict[str, Any]
 ) -> None:
-    for deposit_id in (seeded["ids"][0], "dep_01NOSUCHDEPOSIT0000000000", "x%00y", "a" * 300):
+    # (a NUL in the path is a 400 on every route: test_control_characters.py)
+    for deposit_id in (seeded["ids"][0], "dep_01NOSUCHDEPOSIT0000000000", "a" * 300):
         response = client.get(f"/v1/deposits/{deposit_id}", headers=other_tenant.headers)
         assert_error(response, 404, "not_found")
     assert listed(client, other_tenant.headers) == []
