@@ -95,7 +95,7 @@ def ordered() -> Iterator[Ordered]:
                 url,
                 amqp_url=None,
                 worker_threads=4,
-                webhook_timeout_s=3.0,
+                webhook_timeout_s=5.0,
                 per_endpoint_concurrency=4,
                 retry_schedule=(0.3, 0.3, 0.3),
             ),
@@ -122,8 +122,9 @@ def test_an_accounts_events_wait_their_turn_while_another_accounts_flow(
     ordered: Ordered,
 ) -> None:
     with Receiver() as rx:
-        # Given an ordered endpoint whose first request takes 1.5 s to answer
-        rx.script("/in-order", Answer.hang(1.5), Answer.ok())
+        # Given an ordered endpoint whose first request takes 2.5 s to answer (long
+        # enough for another account's events to pass on a loaded machine)
+        rx.script("/in-order", Answer.hang(2.5), Answer.ok())
         ordered.endpoint(rx.url("/in-order"))
         # When account A's first event is in flight
         a1 = ordered.emit("acc_A")
@@ -138,7 +139,7 @@ def test_an_accounts_events_wait_their_turn_while_another_accounts_flow(
         assert [_event_id(h) for h in hits if _event_id(h) in (a1, a2, a3)] == [a1, a2, a3]
         assert len(hits) == 5
         # And B's arrived while A's first was still unanswered: the two interleave
-        a1_answered = by_event[a1].received_at + 1.5
+        a1_answered = by_event[a1].received_at + 2.5
         assert by_event[b1].received_at < a1_answered
         assert by_event[b2].received_at < a1_answered
         # And A's second only after its first was answered (one in flight per account)
@@ -183,8 +184,8 @@ def test_a_failing_delivery_holds_only_its_accounts_later_events_and_says_so(
 
 def test_an_unordered_endpoint_is_not_held(ordered: Ordered) -> None:
     with Receiver() as rx:
-        # Given an endpoint without ordering whose first request takes 1.5 s
-        rx.script("/any", Answer.hang(1.5), Answer.ok())
+        # Given an endpoint without ordering whose first request takes 2.5 s
+        rx.script("/any", Answer.hang(2.5), Answer.ok())
         ordered.endpoint(rx.url("/any"), ordered=False)
         a1 = ordered.emit("acc_A")
         assert rx.wait_for(lambda r: len(r.hits("/any")) >= 1, 10)
@@ -192,7 +193,7 @@ def test_an_unordered_endpoint_is_not_held(ordered: Ordered) -> None:
         # Then the account's second event does not wait for the first
         assert rx.wait_for(lambda r: len(r.hits("/any")) >= 2, 10)
         by_event = {_event_id(h): h for h in rx.hits("/any")}
-        assert by_event[a2].received_at < by_event[a1].received_at + 1.5
+        assert by_event[a2].received_at < by_event[a1].received_at + 2.5
 
 
 # -- the claim itself, on the shared database -------------------------------------------
