@@ -155,6 +155,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from services.core.fee_oracle import run_fee_oracle
     from services.core.fees import refresh_fees
     from services.core.relay import start_relay_thread
+    from services.core.worker import outbox_maintainer
     from services.notifier.app import create_app as create_notifier_app
     from services.notifier.delivery_engine import start_embedded
 
@@ -208,6 +209,9 @@ def run_dev(args: argparse.Namespace) -> int:
         ("address-backfill", run_address_backfill),
     ):
         threading.Thread(target=target, args=(core_ctx, stop), name=name, daemon=True).start()
+    # The outbox's partitions, as the core worker keeps them (the notifier's: start_embedded).
+    outbox = outbox_maintainer(core_config, db)
+    threading.Thread(target=outbox.run, args=(stop,), name="partitions", daemon=True).start()
 
     apps = (create_core_app(context=core_ctx), create_notifier_app(context=embedded.ctx))
     for each in apps:

@@ -20,11 +20,17 @@ if TYPE_CHECKING:  # imported when the command runs: `settle prune --help` stays
 
 def targets(env: Mapping[str, str]) -> list[tuple[str, Sequence[PartitionedTable]]]:
     """Each database and its partitioned tables (core's and the notifier's may differ)."""
+    from services.core import retention as core_retention
+    from services.core.config import CoreConfig
+    from services.notifier import retention as notifier_retention
     from services.notifier.config import NotifierConfig
-    from services.notifier.retention import partitioned_tables
 
+    core = CoreConfig.from_env(env)
     notifier = NotifierConfig.from_env(env)
-    return [(notifier.database_url, partitioned_tables(notifier.retention))]
+    return [
+        (core.database_url, core_retention.partitioned_tables(core.retention)),
+        (notifier.database_url, notifier_retention.partitioned_tables(notifier.retention)),
+    ]
 
 
 def prune_all(

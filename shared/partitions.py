@@ -108,12 +108,20 @@ class PartitionedTable:
     #: SQL condition selecting this spec's rows in the DEFAULT partition (with `lead`).
     lead_condition: str | None = None
     seen_ids: SeenIds | None = None
+    #: Days per partition of this table when not the settings' (a long retention's).
+    period_days: int | None = None
+    #: SQL condition on a partition's rows that holds it back from a drop (e.g. rows
+    #: not yet published): reported as held, dropped once no row matches.
+    hold_if: str | None = None
 
     def __post_init__(self) -> None:
         if not self.stem:
             object.__setattr__(self, "stem", self.parent)
         if not self.default:
             object.__setattr__(self, "default", f"{self.parent}_default")
+
+    def days(self, settings: PartitionSettings) -> int:
+        return self.period_days or settings.days
 
     def bound(self, day: date) -> str:
         """SQL literal of the key value at 00:00 UTC of `day`."""
@@ -157,6 +165,8 @@ class PruneReport:
     now: datetime
     partitions: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: Partitions past their retention kept by their table's `hold_if`.
+    held: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -164,11 +174,13 @@ class PruneReport:
             "now": self.now.isoformat().replace("+00:00", "Z"),
             "partitions": self.partitions,
             "rows": self.rows,
+            "held": self.held,
         }
 
     def extend(self, other: PruneReport) -> None:
         self.partitions.extend(other.partitions)
         self.rows.extend(other.rows)
+        self.held.extend(other.held)
 
     def dumps(self) -> str:
         return json.dumps(self.as_json(), indent=2)
@@ -185,8 +197,8 @@ def period_start(day: date, days: int) -> date:
 
 def wanted(spec: PartitionedTable, now: datetime, settings: PartitionSettings) -> list[Partition]:
     """The current period's partition and `ahead` more."""
-    start = period_start(now.astimezone(UTC).date(), settings.days)
-    step = timedelta(days=settings.days)
+    start = period_start(now.astimezone(UTC).date(), spec.days(settings))
+    step = timedelta(days=spec.days(settings))
     return [
         _partition(spec, start + step * n, start + step * (n + 1))
         for n in range(settings.ahead + 1)
@@ -198,8 +210,8 @@ def span(
 ) -> list[Partition]:
     """The partitions from the period of `first` to `wanted`'s last (when migrating rows)."""
     ahead = wanted(spec, now, settings)
-    step = timedelta(days=settings.days)
-    start = period_start(first.astimezone(UTC).date(), settings.days)
+    step = timedelta(days=spec.days(settings))
+    start = period_start(first.astimezone(UTC).date(), spec.days(settings))
     before = []
     while start < ahead[0].start:
         before.append(_partition(spec, start, start + step))
@@ -248,6 +260,11 @@ _CHILDREN = sa.text(
 )
 
 
+def is_there(conn: sa.Connection, spec: PartitionedTable) -> bool:
+    """The parent table exists here (core's and the notifier's may be apart)."""
+    return conn.scalar(sa.text("SELECT to_regclass(:t)"), {"t": spec.parent}) is not None
+
+
 def existing(conn: sa.Connection, spec: PartitionedTable) -> dict[Partition, int]:
     """The spec's partitions (by name) and their size in bytes."""
     out: dict[Partition, int] = {}
@@ -259,6 +276,12 @@ def existing(conn: sa.Connection, spec: PartitionedTable) -> dict[Partition, int
         end = datetime.strptime(match["end"], "%Y%m%d").date()
         out[Partition(spec.parent, name, start, end)] = int(size)
     return out
+
+
+def is_held(conn: sa.Connection, spec: PartitionedTable, partition: Partition) -> bool:
+    """A row of the partition matches the table's `hold_if`."""
+    query = f"SELECT EXISTS (SELECT 1 FROM {partition.name} WHERE {spec.hold_if})"  # noqa: S608
+    return bool(conn.execute(sa.text(query)).scalar_one())
 
 
 def _lock_timeout(conn: sa.Connection) -> None:
@@ -311,6 +334,8 @@ def _stale_in_default(spec: PartitionedTable, cutoff: date) -> str:
     condition = f"{spec.key} < {spec.key_value(cutoff)}"
     if spec.lead_condition is not None:
         condition = f"{spec.lead_condition} AND {condition}"
+    if spec.hold_if is not None:
+        condition = f"{condition} AND NOT ({spec.hold_if})"
     return condition
 
 
@@ -377,6 +402,8 @@ def ensure(
     made = []
     for spec in specs:
         with engine.connect() as conn:
+            if not is_there(conn, spec):
+                continue
             there = existing(conn, spec)
         for partition in missing(spec, list(there), now, settings):
             if _in_own_transaction(engine, create, spec, partition):
@@ -416,8 +443,15 @@ def prune(
     report = PruneReport(dry_run, now)
     for spec in specs:
         with engine.connect() as conn:
+            if not is_there(conn, spec):
+                continue
             there = existing(conn, spec)
-            gone = sorted(expired(spec, list(there), now), key=lambda p: p.start)
+            gone = []
+            for partition in sorted(expired(spec, list(there), now), key=lambda p: p.start):
+                if spec.hold_if is not None and is_held(conn, spec, partition):
+                    report.held.append(partition.as_json(there[partition]))
+                else:
+                    gone.append(partition)
             # Rows elsewhere go with the dropped ranges only: never before a kept
             # partition's start (a period longer than a day may straddle the cutoff).
             kept = [p.start for p in there if p not in gone]

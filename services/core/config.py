@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core.deposits.settings import PipelineSettings
+from services.core.retention import OutboxRetention
 from services.core.statements.settings import StatementSettings
 from shared.identity.signin_guard import SIGNIN_THROTTLE_OFF, SignInLimits
+from shared.partitions import PartitionSettings
 from shared.ratelimit import RATE_LIMITS_OFF, RateLimitConfig
 from shared.settings import (
     DEV_SECRET_KEY,
@@ -75,6 +77,10 @@ class CoreConfig:
     secret_key: str = DEV_SECRET_KEY
     #: Statements' limits and signing key (docs/DEPOSITS.md, "Statements").
     statements: StatementSettings = field(default_factory=StatementSettings)
+    #: How long outbox rows are kept (their partitions dropped after: retention.py).
+    retention: OutboxRetention = field(default_factory=OutboxRetention)
+    #: Partition length, how many are made ahead, how often (shared.partitions).
+    partitions: PartitionSettings = field(default_factory=PartitionSettings)
 
     @property
     def is_dev(self) -> bool:
@@ -114,4 +120,6 @@ class CoreConfig:
             public_url=_public_url(env),
             secret_key=env_secret_key(env, mode),
             statements=StatementSettings.from_env(env),
+            retention=OutboxRetention.from_env(env),
+            partitions=PartitionSettings.from_env(env),
         )

@@ -154,7 +154,10 @@ class OutboxEvent(CoreBase):
     """A domain event written in the same transaction as the change that caused it.
 
     Rows are kept after publishing: a deposit's status events are its recorded
-    timeline (`GET /v1/deposits/{id}/timeline` reads them by `ix_outbox_deposit_id`).
+    timeline (`GET /v1/deposits/{id}/timeline` reads them by `ix_outbox_deposit_id`),
+    kept a year; the others 30 days. Partitioned by (timeline, created_at) (core_0015,
+    services/core/retention.py): the table's primary key is (id, timeline,
+    created_at); a durable event id is kept unique by OutboxDurableId.
     """
 
     __tablename__ = "outbox"
@@ -169,11 +172,12 @@ class OutboxEvent(CoreBase):
             sa.text(DEPOSIT_ID_OF_EVENT),
             postgresql_where=sa.text(IS_DEPOSIT_STATUS_EVENT),
         ),
+        {"postgresql_partition_by": "RANGE (timeline, created_at)"},
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    #: `evt_...`; unique, so a durable event cannot be written twice.
-    event_id: Mapped[str] = mapped_column(sa.String(120), unique=True)
+    #: `evt_...`; a durable one is written once (OutboxDurableId).
+    event_id: Mapped[str] = mapped_column(sa.String(120), index=True)
     event_type: Mapped[str] = mapped_column(sa.String(60))
     tenant_id: Mapped[str] = mapped_column(sa.String(36), index=True)
     #: The id of the API request whose transaction wrote it (X-Request-Id); None when no
@@ -183,6 +187,21 @@ class OutboxEvent(CoreBase):
     body: Mapped[str] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: A deposit's status event (DEPOSIT_STATUS_EVENT_TYPES): its timeline, kept longer.
+    #: (false by default: for rows written by hand; outbox.row_of always sets it.)
+    timeline: Mapped[bool] = mapped_column(sa.Boolean, server_default=sa.false())
+
+
+class OutboxDurableId(CoreBase):
+    """Each durable deposit event id written (`evt_dep_<deposit>_<status>`), unique
+    across the outbox's partitions (a unique index there must include its key)."""
+
+    __tablename__ = "outbox_durable_ids"
+    __table_args__ = (sa.Index("ix_outbox_durable_ids_created_at", "created_at"),)
+
+    event_id: Mapped[str] = mapped_column(sa.String(120), primary_key=True)
+    #: The event's created_at (the outbox row's partition).
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class AccountEventSequence(CoreBase):

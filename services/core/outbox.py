@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from services.core import event_sequences
-from services.core.models import OutboxEvent
+from services.core.models import DEPOSIT_STATUS_EVENT_TYPES, OutboxDurableId, OutboxEvent
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events, logs
-from shared.db import database_of, execute_json_rows, json_rows_insert
+from shared.db import Database, database_of, execute_json_rows, json_rows_insert
 from shared.timefmt import parse_iso, utcnow
 
 __all__ = ["NOTIFY_CHANNEL", "emit", "emit_many"]
@@ -29,7 +29,30 @@ _OUTBOX: sa.Table = OutboxEvent.__table__  # type: ignore[assignment]
 #: A Core INSERT built once: no ORM unit of work per event, compiled once and cached.
 #: `inline()`: no implicit `RETURNING id` (nothing reads the new row's id).
 _INSERT = _OUTBOX.insert().inline()
-_COLUMNS = ("event_id", "event_type", "tenant_id", "body", "created_at", "request_id")
+_COLUMNS = (
+    "event_id",
+    "event_type",
+    "tenant_id",
+    "body",
+    "created_at",
+    "request_id",
+    "timeline",
+)
+_DURABLE: sa.Table = OutboxDurableId.__table__  # type: ignore[assignment]
+#: Record a durable event id: a second one is a unique violation (emit).
+_INSERT_DURABLE = _DURABLE.insert().inline()
+#: Record many, skipping those written before; returns the new ones (emit_many).
+_INSERT_NEW_DURABLE = (
+    json_rows_insert(_DURABLE, ("event_id", "created_at"))
+    .on_conflict_do_nothing(index_elements=["event_id"])
+    .returning(_DURABLE.c.event_id)
+)
+_TIMELINE_TYPES = frozenset(DEPOSIT_STATUS_EVENT_TYPES)
+
+
+def is_durable(event_id: str) -> bool:
+    """A durable deposit event id (written at most once: `outbox_durable_ids`)."""
+    return event_id.startswith(events.DURABLE_ID_PREFIX)
 
 
 def insert_event_after(written: sa.CTE) -> sa.Insert:
@@ -90,6 +113,8 @@ def row_of(envelope: dict[str, Any]) -> dict[str, Any]:
         "body": events.encode_text(envelope),
         "created_at": _stored_time(envelope["createdAt"]),
         "request_id": logs.request_id(),
+        # A deposit's status event: its timeline, kept longer (retention.py).
+        "timeline": envelope["type"] in _TIMELINE_TYPES,
     }
 
 
@@ -112,6 +137,10 @@ def emit(
     # The caller's pending ORM changes go first, as they did when the event was an
     # ORM object flushed with them (a no-op check when there are none).
     session.flush()
+    created_at = created_at or utcnow()
+    if event_id is not None and is_durable(event_id):
+        # First, so a duplicate is refused before it takes the account's number.
+        session.execute(_INSERT_DURABLE, {"event_id": event_id, "created_at": created_at})
     account = events.account_of(data)
     sequence = None if account is None else event_sequences.take(session, {account: 1})[account]
     envelope, row = event_row(
@@ -122,13 +151,9 @@ def emit(
     return envelope
 
 
-#: INSERT_EVENT for many rows in one statement (`shared.db.json_rows_insert`), skipping
-#: a durable event id already written; returns the ids it wrote.
-INSERT_NEW_EVENTS = (
-    json_rows_insert(_OUTBOX, _COLUMNS)
-    .on_conflict_do_nothing(index_elements=["event_id"])
-    .returning(_OUTBOX.c.event_id)
-)
+#: INSERT_EVENT for many rows in one statement (`shared.db.json_rows_insert`); returns
+#: the ids it wrote (emit_many drops durable ids written before, `_new_durable`).
+INSERT_NEW_EVENTS = json_rows_insert(_OUTBOX, _COLUMNS).returning(_OUTBOX.c.event_id)
 
 
 def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
@@ -149,16 +174,43 @@ def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
         rows = _numbered_rows(session, envelopes, accounts)
     else:
         rows = [row_of(e) for e in envelopes]
-    if not rows:
-        return 0
     db = database_of(session)
     assert db is not None, "emit_many needs a session of a shared.db.Database"
+    rows = _new_durable(session, db, rows)
+    if not rows:
+        return 0
     statement = db.attachment(
         "outbox.insert_new_events", lambda d: d.driver_statement(INSERT_NEW_EVENTS)
     )
     written = execute_json_rows(session, statement, rows)
     request_wakeup(session)
     return len(written)
+
+
+def _new_durable(
+    session: Session, db: Database, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The rows without those whose durable id was written before (the ids of the others
+    recorded now, in one statement)."""
+    durable = [
+        {"event_id": r["event_id"], "created_at": r["created_at"]}
+        for r in rows
+        if is_durable(r["event_id"])
+    ]
+    if not durable:
+        return rows
+    statement = db.attachment(
+        "outbox.insert_new_durable", lambda d: d.driver_statement(_INSERT_NEW_DURABLE)
+    )
+    new = {event_id for (event_id,) in execute_json_rows(session, statement, durable)}
+    kept = []
+    for row in rows:
+        if is_durable(row["event_id"]):
+            if row["event_id"] not in new:
+                continue  # written before, or twice in this batch (the first one goes)
+            new.discard(row["event_id"])
+        kept.append(row)
+    return kept
 
 
 def _numbered_rows(

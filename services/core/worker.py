@@ -1,5 +1,5 @@
-"""`settle core worker`: the outbox relay, the fee oracle, the deposit pipeline and the
-deposit address backfill.
+"""`settle core worker`: the outbox relay, the fee oracle, the deposit pipeline, the
+deposit address backfill and the outbox's partition maintenance.
 
 Each runs in its own thread until SIGTERM/SIGINT. If one of them dies the process
 exits non-zero, so the supervisor (compose, systemd) restarts it whole: nothing is
@@ -13,11 +13,16 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.core.config import CoreConfig
 from services.core.context import CoreContext
 from shared.heap import freeze_heap
 from shared.settings import SettingsError
+
+if TYPE_CHECKING:
+    from shared.db import Database
+    from shared.partitions import Maintainer
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,17 @@ def core_tasks(ctx: CoreContext) -> list[Task]:
     ]
     if balances is not None:
         tasks.append(Task("hot-wallet-balances", balances.run))
+    tasks.append(Task("partitions", outbox_maintainer(ctx.config, ctx.db).run))
     return tasks
+
+
+def outbox_maintainer(config: CoreConfig, db: Database) -> Maintainer:
+    """The outbox's partition maintenance step (made ahead, old ones dropped), hourly by
+    default; its errors are logged and retried next round, never fatal."""
+    from services.core.retention import partitioned_tables
+    from shared.partitions import Maintainer
+
+    return Maintainer(db.engine, partitioned_tables(config.retention), config.partitions)
 
 
 def supervise(tasks: list[Task], stop: threading.Event) -> int:

@@ -19,6 +19,9 @@ import pytest
 import sqlalchemy as sa
 
 from services import cli
+from services.core import outbox
+from services.core.retention import OutboxRetention
+from services.core.retention import partitioned_tables as outbox_tables
 from services.notifier import fanout
 from services.notifier.consumer import store_events
 from services.notifier.retention import WebhookRetention, partitioned_tables
@@ -448,3 +451,197 @@ def test_two_workers_making_the_same_partitions_at_once_both_finish_their_round(
     assert f"notifier_events_{day:%Y%m%d}_{day + DAY:%Y%m%d}" in partition_names(db)
     with db.engine.connect() as conn:
         assert conn.scalar(sa.text("SELECT count(*) FROM notifier_events_default")) == 0
+
+
+# -- core's outbox ------------------------------------------------------------------
+
+
+@pytest.fixture
+def core_db() -> Iterator[Database]:
+    name = f"settle_test_outbox_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    migrate.upgrade(components.IDENTITY, url)
+    migrate.upgrade(components.CORE, url)
+    database = Database(url, pool_size=2)
+    try:
+        yield database
+    finally:
+        database.dispose()
+        drop_database(name)
+
+
+OUTBOX_ONE_DAY = OutboxRetention(events=DAY, deposit_events=DAY * 365)
+
+
+def outbox_partitions(db: Database, days: int, now: datetime) -> None:
+    """The outbox partitions of a core running for `days` days."""
+    for spec in outbox_tables(OUTBOX_ONE_DAY):
+        with db.engine.begin() as conn:
+            there = {p.name for p in partitions.existing(conn, spec)}
+            for partition in partitions.span(spec, now - days * DAY, now, SETTINGS):
+                if partition.name not in there:
+                    partitions.create(conn, spec, partition)
+
+
+def emit_at(db: Database, at: datetime, event_type: str, **kwargs: Any) -> str:
+    data = {"deposit": {"id": "dep_x"}} if event_type == events.DEPOSIT_CREDITED else {"n": 1}
+    with db.transaction() as session:
+        envelope = outbox.emit(session, event_type, TENANT, data, created_at=at, **kwargs)
+    return str(envelope["id"])
+
+
+def publish(db: Database, event_ids: list[str]) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE outbox SET published_at = now() WHERE event_id = ANY(:ids)"),
+            {"ids": event_ids},
+        )
+
+
+def test_the_outbox_drops_published_events_past_retention_and_keeps_the_timeline(
+    core_db: Database, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a core that has run for five days: events of each day, all published but one
+    # four days old, and a deposit's status event three days old
+    now = datetime.now(UTC)
+    outbox_partitions(core_db, 5, now)
+    old = [emit_at(core_db, now - d * DAY, events.API_KEY_REVOKED) for d in (4, 3, 2)]
+    stuck = emit_at(core_db, now - 4 * DAY, events.API_KEY_REVOKED)
+    durable = events.durable_event_id("dep_x", "credited")
+    credited = emit_at(core_db, now - 3 * DAY, events.DEPOSIT_CREDITED, event_id=durable)
+    recent = emit_at(core_db, now, events.API_KEY_REVOKED)
+    publish(core_db, [*old, credited, recent])
+
+    # When ops prune with a one-day retention of the outbox's other events
+    monkeypatch.setenv("SETTLE_DATABASE_URL", core_db.url)
+    monkeypatch.setenv("SETTLE_RETENTION_OUTBOX_DAYS", "1")
+    dry = settle_prune(monkeypatch, capsys, core_db, "--dry-run")
+    done = settle_prune(monkeypatch, capsys, core_db)
+
+    # Then the published days' partitions go, the one with an unpublished row is held,
+    # and the deposit's timeline is kept; the dry run named exactly what went
+    day4 = (now - 4 * DAY).date()
+    held = f"outbox_events_{day4:%Y%m%d}_{day4 + DAY:%Y%m%d}"
+    assert [p["partition"] for p in done["partitions"]] == [
+        p["partition"] for p in dry["partitions"]
+    ]
+    assert held in {p["partition"] for p in done["held"]}
+    assert all(p["partition"].startswith("outbox_events_") for p in done["partitions"])
+    assert len(done["partitions"]) == 3  # days -5, -3, -2 (-4 held, -1 still in retention)
+    # (the held day keeps its published row too, until its last row is published)
+    assert ids(core_db, "outbox", "event_id") == {old[0], stuck, credited, recent}
+    assert ids(core_db, "outbox_durable_ids", "event_id") == {durable}
+
+
+def test_a_durable_deposit_event_is_written_at_most_once_across_partitions(
+    core_db: Database,
+) -> None:
+    # Given a deposit's durable event written three days ago (that day's partition)
+    now = datetime.now(UTC)
+    outbox_partitions(core_db, 5, now)
+    durable = events.durable_event_id("dep_y", "credited")
+    emit_at(core_db, now - 3 * DAY, events.DEPOSIT_CREDITED, event_id=durable)
+
+    # When it is emitted again today, one by one and in bulk
+    with pytest.raises(sa.exc.IntegrityError):
+        emit_at(core_db, now, events.DEPOSIT_CREDITED, event_id=durable)
+    envelope = events.envelope(
+        events.DEPOSIT_CREDITED, TENANT, {"deposit": {"id": "dep_y"}}, event_id=durable
+    )
+    twice = events.envelope(
+        events.DEPOSIT_CREDITED,
+        TENANT,
+        {"deposit": {"id": "dep_z"}},
+        event_id=events.durable_event_id("dep_z", "credited"),
+    )
+    with core_db.transaction() as session:
+        written = outbox.emit_many(session, [envelope, twice, dict(twice)])
+
+    # Then only the new one is written, once
+    assert written == 1
+    with core_db.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT event_id, count(*) FROM outbox GROUP BY event_id")
+        ).all()
+    assert dict(rows) == {durable: 1, twice["id"]: 1}
+
+
+def test_migrating_core_0014_keeps_every_outbox_row_and_each_durable_id() -> None:
+    # Given core at the previous head with outbox rows of the last weeks
+    name = f"settle_test_migrate_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    engine = sa.create_engine(url)
+    now = datetime.now(UTC)
+    durable = events.durable_event_id("dep_m", "credited")
+    try:
+        migrate.upgrade(components.IDENTITY, url)
+        migrate.upgrade(components.CORE, url, "core_0014")
+        insert = sa.text(
+            "INSERT INTO outbox (event_id, event_type, tenant_id, body, created_at, "
+            "published_at) VALUES (:e, :t, 'ten', :b, :at, :pub)"
+        )
+        with engine.begin() as conn:
+            for n, days in enumerate((400, 40, 2, 0)):
+                at = now - timedelta(days=days)
+                conn.execute(
+                    insert,
+                    {
+                        "e": f"evt_o{n}",
+                        "t": "tenant.api_key_revoked",
+                        "b": "{}",
+                        "at": at,
+                        "pub": at,
+                    },
+                )
+            body = json.dumps({"data": {"deposit": {"id": "dep_m"}}})
+            conn.execute(
+                insert,
+                {
+                    "e": durable,
+                    "t": "deposit.credited",
+                    "b": body,
+                    "at": now - 200 * DAY,
+                    "pub": None,
+                },
+            )
+            before = conn.execute(sa.text("SELECT * FROM outbox ORDER BY id")).all()
+
+        # When it is upgraded
+        migrate.upgrade(components.CORE, url)
+
+        # Then every row is there, in the partition of its class and day
+        with engine.begin() as conn:
+            after = conn.execute(
+                sa.text(
+                    "SELECT id, event_id, event_type, tenant_id, body, created_at, "
+                    "published_at, request_id FROM outbox ORDER BY id"
+                )
+            ).all()
+            assert after == before
+            where = dict(
+                conn.execute(sa.text("SELECT event_id, tableoid::regclass::text FROM outbox")).all()
+            )
+            assert where[durable].startswith("outbox_timeline_")
+            assert where["evt_o0"].startswith("outbox_events_")
+            assert not any(table == "outbox_default" for table in where.values())
+            assert set(conn.scalars(sa.text("SELECT event_id FROM outbox_durable_ids"))) == {
+                durable
+            }
+            new_id = conn.scalar(
+                sa.text(
+                    "INSERT INTO outbox (event_id, event_type, tenant_id, body, created_at) "
+                    "VALUES ('evt_new', 'tenant.api_key_revoked', 'ten', '{}', now()) "
+                    "RETURNING id"
+                )
+            )
+            assert new_id > max(r.id for r in before)
+        # And the durable event, emitted again, is refused
+        db = Database(url, pool_size=1)
+        try:
+            with pytest.raises(sa.exc.IntegrityError):
+                emit_at(db, now, events.DEPOSIT_CREDITED, event_id=durable)
+        finally:
+            db.dispose()
+    finally:
+        engine.dispose()
+        drop_database(name)
