@@ -160,8 +160,9 @@ def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
     """Write many new events (`events.envelope`s, without `sequence`) in the caller's
     transaction, in their order.
 
-    Unlike `emit`, a durable event id already present is skipped, not an error: bulk
-    steps (the watcher recording a block's deposits) cannot take a savepoint per row.
+    Unlike `emit`, an event id already present is skipped, not an error: bulk steps
+    (the watcher recording a block's deposits) cannot take a savepoint per row. A
+    durable id is skipped race-free (`outbox_durable_ids`); others by a look-up first.
     Events about deposit accounts are numbered: their accounts are locked first (in
     account order), the ids already written are then dropped (no other writer can add
     one of them while the locks are held), and the rest take their numbers; the rows go
@@ -173,7 +174,8 @@ def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
     if any(accounts):
         rows = _numbered_rows(session, envelopes, accounts)
     else:
-        rows = [row_of(e) for e in envelopes]
+        written = _written(session, [e["id"] for e in envelopes])
+        rows = [row_of(e) for e in envelopes if e["id"] not in written]
     db = database_of(session)
     assert db is not None, "emit_many needs a session of a shared.db.Database"
     rows = _new_durable(session, db, rows)
@@ -185,6 +187,13 @@ def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
     written = execute_json_rows(session, statement, rows)
     request_wakeup(session)
     return len(written)
+
+
+def _written(session: Session, event_ids: list[str]) -> set[str]:
+    """Those of the ids already in the outbox (`ix_outbox_event_id`)."""
+    return set(
+        session.scalars(sa.select(_OUTBOX.c.event_id).where(_OUTBOX.c.event_id.in_(event_ids)))
+    )
 
 
 def _new_durable(
@@ -219,13 +228,7 @@ def _numbered_rows(
     """The rows of the envelopes not written before, each account's numbered in order."""
     session.flush()
     event_sequences.lock(session, sorted({a for a in accounts if a is not None}))
-    written = set(
-        session.scalars(
-            sa.select(_OUTBOX.c.event_id).where(
-                _OUTBOX.c.event_id.in_([e["id"] for e in envelopes])
-            )
-        )
-    )
+    written = _written(session, [e["id"] for e in envelopes])
     fresh = [(e, a) for e, a in zip(envelopes, accounts, strict=True) if e["id"] not in written]
     counts: dict[str, int] = {}
     for _, account in fresh:

@@ -45,7 +45,8 @@ class Transition:
 
 
 def timeline_statement(tenant_id: str, deposit_id: str) -> sa.Select[tuple[str, str, datetime]]:
-    """The deposit's status events, oldest first, found through `ix_outbox_deposit_id`.
+    """The deposit's status events, oldest first, found through `ix_outbox_deposit_id`
+    (each timeline partition's copy of it).
 
     Matched on the event's `data.deposit.id`, never on text in the body: another
     event (an account's metadata, say) may mention the id and is not the deposit's.
@@ -53,6 +54,8 @@ def timeline_statement(tenant_id: str, deposit_id: str) -> sa.Select[tuple[str, 
     return (
         sa.select(OutboxEvent.event_id, OutboxEvent.event_type, OutboxEvent.created_at)
         .where(sa.text(IS_DEPOSIT_STATUS_EVENT))
+        # Only the timeline's partitions are read (the outbox's others never hold one).
+        .where(OutboxEvent.timeline == sa.true())
         .where(sa.literal_column(DEPOSIT_ID_OF_EVENT) == deposit_id)
         .where(OutboxEvent.tenant_id == tenant_id)
         .order_by(OutboxEvent.created_at, OutboxEvent.id)
