@@ -645,3 +645,26 @@ def test_migrating_core_0014_keeps_every_outbox_row_and_each_durable_id() -> Non
     finally:
         engine.dispose()
         drop_database(name)
+
+
+def test_a_drop_that_cannot_get_its_lock_waits_for_the_next_round(db: Database) -> None:
+    # Given an old day's event, and a reader holding the events table (a long report)
+    now = datetime.now(UTC)
+    past_partitions(db, 5, now)
+    old, _ = event_at(db, now - 4 * DAY)
+    specs = partitioned_tables(ONE_DAY)
+    with db.engine.connect() as reader:
+        reader.execute(sa.text("BEGIN"))
+        reader.execute(sa.text("SELECT count(*) FROM notifier_events"))
+
+        # When the maintenance step prunes meanwhile
+        report = partitions.prune(db.engine, specs[:1], now)
+        reader.execute(sa.text("ROLLBACK"))
+
+    # Then nothing of the events went (not the partition, not the event's id), and the
+    # report says so; the next round drops them
+    assert report.partitions == [] and report.rows == []
+    assert old in ids(db, "notifier_events")
+    assert old in ids(db, "notifier_event_ids")
+    report = partitions.prune(db.engine, specs[:1], now)
+    assert report.partitions and old not in ids(db, "notifier_event_ids")
