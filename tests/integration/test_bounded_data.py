@@ -606,8 +606,8 @@ def test_migrating_core_0014_keeps_every_outbox_row_and_each_durable_id() -> Non
             )
             before = conn.execute(sa.text("SELECT * FROM outbox ORDER BY id")).all()
 
-        # When it is upgraded
-        migrate.upgrade(components.CORE, url)
+        # When it is upgraded (to the partitioning)
+        migrate.upgrade(components.CORE, url, "core_0015")
 
         # Then every row is there, in the partition of its class and day
         with engine.begin() as conn:
@@ -636,6 +636,7 @@ def test_migrating_core_0014_keeps_every_outbox_row_and_each_durable_id() -> Non
             )
             assert new_id > max(r.id for r in before)
         # And the durable event, emitted again, is refused
+        migrate.upgrade(components.CORE, url)
         db = Database(url, pool_size=1)
         try:
             with pytest.raises(sa.exc.IntegrityError):
