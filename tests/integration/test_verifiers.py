@@ -205,11 +205,12 @@ def _suite_env(vectors_file: Path, **extra: str) -> dict[str, str]:
 _VERIFY_VECTORS = """
 import base64, json, sys
 import settle_webhooks
+check = getattr(settle_webhooks, sys.argv[2])  # verify, or verify_standard
 checked = 0
 for v in json.load(open(sys.argv[1], encoding="utf-8")):
     body = base64.b64decode(v["body"])
     try:
-        settle_webhooks.verify(v["secret"], v["headers"], body, now=v["now"])
+        check(v["secret"], v["headers"], body, now=v["now"])
         ok = True
     except settle_webhooks.WebhookVerificationError:
         ok = False
@@ -269,11 +270,15 @@ def test_the_python_package_installs_and_passes_its_suite_on_real_deliveries(
     assert installed.returncode == 0, installed.stdout + installed.stderr
     # Then that virtualenv's Python alone verifies every real delivery and refuses every
     # forgery, with the installed copy
-    checked = _run([str(python), "-c", _VERIFY_VECTORS, str(vectors_file)], cwd=tmp_path)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    count, shown_version, where = checked.stdout.split()
-    assert int(count) >= 10 and shown_version == version
-    assert where.startswith(str(tmp_path / "venv")), where
+    for vectors, function in (
+        (vectors_file, "verify"),
+        (vectors_file.parent / "standard.json", "verify_standard"),  # signatureScheme standard
+    ):
+        checked = _run([str(python), "-c", _VERIFY_VECTORS, str(vectors), function], cwd=tmp_path)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        count, shown_version, where = checked.stdout.split()
+        assert int(count) >= 10 and shown_version == version
+        assert where.startswith(str(tmp_path / "venv")), where
 
     # And the package's own suite passes against that installed copy
     site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))

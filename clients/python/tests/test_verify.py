@@ -167,3 +167,21 @@ def test_every_real_delivery_verifies_and_every_forgery_fails() -> None:
         else:
             with pytest.raises(WebhookVerificationError):
                 verify(vector["secret"], vector["headers"], body, now=vector["now"])
+
+
+def test_the_standard_scheme_matches_the_specifications_example() -> None:
+    # The Standard Webhooks specification's example (its libraries' test vector)
+    from settle_webhooks import sign_standard, verify_standard
+
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"test": 2432232314}'
+    value = sign_standard(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
+    assert value == "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    headers = {
+        "webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        "webhook-timestamp": "1614265330",
+        "webhook-signature": f"v1,bm90IGl0 v1,{value}",
+    }
+    assert verify_standard(secret, headers, body, now=1614265330) == {"test": 2432232314}
+    with pytest.raises(InvalidSignature):
+        verify_standard(secret, {**headers, "webhook-id": "msg_other"}, body, now=1614265330)

@@ -20,6 +20,8 @@ No dependencies beyond the standard library.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -37,7 +39,9 @@ __all__ = [
     "TimestampOutOfTolerance",
     "WebhookVerificationError",
     "sign",
+    "sign_standard",
     "verify",
+    "verify_standard",
 ]
 
 __version__ = "1.0.0"
@@ -105,6 +109,10 @@ def verify(
         matched |= hmac.compare_digest(expected, value)
     if not matched:
         raise InvalidSignature("no v1= signature matches the body and the secret")
+    return _event(raw)
+
+
+def _event(raw: bytes) -> dict[str, Any]:
     try:
         event = json.loads(raw.decode("utf-8"))
     except ValueError:
@@ -112,6 +120,62 @@ def verify(
     if not isinstance(event, dict):
         raise MalformedHeader("the body is not a JSON object")
     return event
+
+
+# -- Standard Webhooks (an endpoint with signatureScheme "standard") --------------------
+
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
+
+
+def _standard_key(secret: str) -> bytes:
+    """The key of the standard scheme: the base64 after `whsec_`, decoded."""
+    _check_secret(secret)
+    text = secret[len("whsec_") :] if secret.startswith("whsec_") else secret
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the secret is not whsec_ followed by base64: rotate it") from None
+    if not key:
+        raise ValueError("the secret's key is empty")
+    return key
+
+
+def sign_standard(secret: str, message_id: str, timestamp: int | str, body: bytes | str) -> str:
+    """The base64 HMAC-SHA256 Standard Webhooks puts after `v1,`."""
+    message = f"{message_id}.{timestamp}.".encode() + _as_bytes(body)
+    digest = hmac.new(_standard_key(secret), message, hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def verify_standard(
+    secret: str,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]],
+    body: bytes | str,
+    *,
+    tolerance: int = DEFAULT_TOLERANCE_S,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`verify` for Standard Webhooks' headers (webhook-id, webhook-timestamp,
+    webhook-signature: `v1,<base64>` values separated by spaces)."""
+    raw = _as_bytes(body)
+    message_id = _header(headers, STANDARD_ID_HEADER)
+    timestamp = _timestamp(_header(headers, STANDARD_TIMESTAMP_HEADER), tolerance, now)
+    expected = sign_standard(secret, message_id, timestamp, raw).encode("ascii")
+    offered = [
+        part[len("v1,") :].encode("ascii", "replace")
+        for part in _header(headers, STANDARD_SIGNATURE_HEADER).split(" ")
+        if part.startswith("v1,")
+    ]
+    if not offered:
+        raise MalformedHeader(f"{STANDARD_SIGNATURE_HEADER} has no v1, value")
+    matched = False
+    for value in offered:
+        matched |= hmac.compare_digest(expected, value)
+    if not matched:
+        raise InvalidSignature("no v1, signature matches the body and the secret")
+    return _event(raw)
 
 
 def _check_secret(secret: object) -> None:
