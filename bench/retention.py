@@ -1,4 +1,4 @@
-"""The notifier's database size under a steady load with a short retention.
+"""The database's size under a steady load with a short retention.
 
     .venv/bin/python bench/retention.py [--days 10] [--per-day 20000] [--retention 3]
 
@@ -8,7 +8,9 @@ day writes `--per-day` events, one delivery each and one attempt each (bodies of
 the worker's maintenance step with the clock on that day (one-day partitions, every
 retention `--retention` days). Prints, per day, the rows and bytes of the three
 tables: with partitions dropped whole the size levels off after `--retention` days
-instead of growing by a day's worth each day.
+instead of growing by a day's worth each day. Core's outbox takes as many events a
+day, published (one in twenty a deposit's status event, kept a year: that part grows,
+by design); its other events are kept `--retention` days too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import psycopg
 import sqlalchemy as sa
 
 from bench.harness import machine
+from services.core.retention import OutboxRetention
+from services.core.retention import partitioned_tables as outbox_tables
 from services.notifier.retention import DELIVERY_ID_PREFIX, WebhookRetention, partitioned_tables
 from shared import components, migrate, partitions
 from shared.ids import ulid_time_prefix
@@ -76,6 +80,31 @@ def write_day(conn: sa.Connection, day: datetime, n: int) -> None:
     )
 
 
+def write_outbox_day(conn: sa.Connection, day: datetime, n: int) -> None:
+    """`n` published events created on `day`, one in twenty a deposit's status event."""
+    conn.execute(
+        sa.text(
+            "INSERT INTO outbox (event_id, event_type, tenant_id, body, created_at, "
+            "published_at, timeline) SELECT 'evt_o' || :tag || '_' || g, CASE WHEN g % 20 = 0 "
+            "THEN 'deposit.credited' ELSE 'tenant.api_key_revoked' END, 'ten_bench', :body, "
+            ":at, :at, g % 20 = 0 FROM generate_series(1, :n) g"
+        ),
+        {"n": n, "at": day, "tag": day.strftime("%Y%m%d"), "body": BODY},
+    )
+
+
+def outbox_size(conn: sa.Connection, timeline: bool) -> int:
+    return int(
+        conn.execute(
+            sa.text(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "WHERE c.relname LIKE :stem"
+            ),
+            {"stem": "outbox_timeline_%" if timeline else "outbox_events_%"},
+        ).scalar_one()
+    )
+
+
 def sizes(conn: sa.Connection) -> tuple[int, int]:
     rows = total = 0
     for table in TABLES:
@@ -108,6 +137,7 @@ def main() -> int:
     try:
         migrate.upgrade(components.IDENTITY, url)
         migrate.upgrade(components.NOTIFIER, url)
+        migrate.upgrade(components.CORE, url)
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
@@ -118,7 +148,10 @@ def main() -> int:
                 )
             )
         keep = timedelta(days=args.retention)
-        specs = partitioned_tables(WebhookRetention(attempts=keep, deliveries=keep, events=keep))
+        specs = [
+            *partitioned_tables(WebhookRetention(attempts=keep, deliveries=keep, events=keep)),
+            *outbox_tables(OutboxRetention(events=keep)),
+        ]
         settings = partitions.PartitionSettings(days=1, ahead=2)
         start = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
         print(machine())
@@ -126,7 +159,10 @@ def main() -> int:
             f"{args.per_day} events/day, a delivery and an attempt each; one-day partitions, "
             f"retention {args.retention} days"
         )
-        print(f"{'day':>4} {'rows':>10} {'MB':>8} {'dropped':>8} {'write s':>8} {'prune ms':>9}")
+        print(
+            f"{'day':>4} {'rows':>10} {'MB':>8} {'dropped':>8} {'write s':>8} {'prune ms':>9} "
+            f"{'outbox MB':>10} {'timeline MB':>12}"
+        )
         for d in range(args.days):
             day = start + timedelta(days=d)
             maintainer = partitions.Maintainer(engine, specs, settings, clock=lambda day=day: day)
@@ -135,6 +171,7 @@ def main() -> int:
             began = time.perf_counter()
             with engine.begin() as conn:
                 write_day(conn, day, args.per_day)
+                write_outbox_day(conn, day, args.per_day)
             wrote = time.perf_counter() - began
             began = time.perf_counter()
             dropped += len(maintainer.run_once().partitions)
@@ -142,8 +179,10 @@ def main() -> int:
             with engine.begin() as conn:
                 conn.execute(sa.text("ANALYZE"))
                 rows, total = sizes(conn)
+                events, timeline = outbox_size(conn, False), outbox_size(conn, True)
             print(
-                f"{d:>4} {rows:>10} {total / 1e6:>8.1f} {dropped:>8} {wrote:>8.2f} {pruned:>9.1f}"
+                f"{d:>4} {rows:>10} {total / 1e6:>8.1f} {dropped:>8} {wrote:>8.2f} {pruned:>9.1f} "
+                f"{events / 1e6:>10.1f} {timeline / 1e6:>12.1f}"
             )
     finally:
         engine.dispose()
