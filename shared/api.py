@@ -32,6 +32,7 @@ from webargs.flaskparser import FlaskParser, is_json_request
 
 from shared import failover, safejson
 from shared.errors import (
+    OUTCOME_UNKNOWN,
     InternalError,
     InvalidJson,
     InvalidRequest,
@@ -537,8 +538,9 @@ SAFE_REQUEST_RETRY_S = 8.0
 def _answer_failovers(app: Flask) -> None:
     """A Flask app's answer to a failover: safe requests (GET, HEAD) are run again while
     the primary changes; any request the failover still cuts answers 503
-    service_unavailable with Retry-After (a POST with an Idempotency-Key may simply be
-    sent again), never a 500."""
+    service_unavailable with Retry-After (it rolled back whole: a POST may be sent
+    again, with its Idempotency-Key), or 503 outcome_unknown when it was cut while it
+    committed; never a 500."""
     dispatch = app.dispatch_request
 
     def dispatch_request() -> Any:
@@ -549,6 +551,11 @@ def _answer_failovers(app: Flask) -> None:
         )
 
     app.dispatch_request = dispatch_request  # type: ignore[method-assign]
+
+    @app.errorhandler(failover.CommitOutcomeUnknown)
+    def _outcome_unknown(err: failover.CommitOutcomeUnknown) -> Response:
+        log.warning("write cut by a database failover while it committed: %s", err.__cause__)
+        return error_response(OUTCOME_UNKNOWN)
 
     @app.errorhandler(sa.exc.DBAPIError)
     @app.errorhandler(psycopg.Error)

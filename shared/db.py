@@ -560,18 +560,26 @@ class Database:
         """
         pooled = self.engine.raw_connection()
         conn = pooled.driver_connection
+        committing = False
         try:
             with conn.transaction():
                 yield conn
+                committing = True  # leaving the block sends COMMIT
+        except Exception as err:
+            if failover.outcome_unknown(err, committing=committing):
+                raise failover.CommitOutcomeUnknown.of(err) from err
+            raise
         finally:
             _return_driver_connection(pooled, conn)
 
     @contextmanager
-    def driver_autocommit(self) -> Iterator[Any]:
+    def driver_autocommit(self, *, writes: bool = True) -> Iterator[Any]:
         """A psycopg connection in autocommit, from the fast executor's own pool.
 
         For hot statements that are atomic alone (reads, or one statement that writes
-        everything), without SQLAlchemy's layers (see AutocommitConnections).
+        everything), without SQLAlchemy's layers (see AutocommitConnections). A write
+        whose connection breaks under it may have committed: `CommitOutcomeUnknown`
+        (`writes=False` for reads only, which a caller may simply run again).
         """
         conn, pool = self._autocommit.get()
         try:
@@ -582,6 +590,8 @@ class Database:
                 # server that takes writes (target_session_attrs=read-write).
                 _close_quietly(conn)
                 pool.drain()
+            if writes and failover.outcome_unknown(err, committing=False):
+                raise failover.CommitOutcomeUnknown.of(err) from err
             raise
         finally:
             self._autocommit.put(conn, pool)
@@ -592,13 +602,22 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """A session whose work commits on success and rolls back on error."""
+        """A session whose work commits on success and rolls back on error.
+
+        A failover before COMMIT is sent rolls it back whole (the error as raised); one
+        that cuts the COMMIT raises `CommitOutcomeUnknown`: it may have committed.
+        """
         session = self.sessions()
+        committing = False
         try:
             yield session
+            session.flush()  # pending rows are sent before the COMMIT, not with it
+            committing = True
             session.commit()
-        except BaseException:
+        except BaseException as err:
             session.rollback()
+            if failover.outcome_unknown(err, committing=committing):
+                raise failover.CommitOutcomeUnknown.of(err) from err
             raise
         finally:
             session.close()

@@ -120,6 +120,20 @@ class ServiceUnavailable(ApiError):
     status, code = 503, "service_unavailable"
 
 
+class OutcomeUnknown(ApiError):
+    """A write the database switch cut while it committed: it may or may not be written."""
+
+    status, code = 503, "outcome_unknown"
+
+
+#: The answer to a write the failover cut while it committed (no Retry-After: sending it
+#: again could do it twice; with the same Idempotency-Key it answers this again).
+OUTCOME_UNKNOWN = OutcomeUnknown(
+    "the database switched while this request committed, so it may or may not have been "
+    "done; check the resource (GET) before sending it again with a new Idempotency-Key"
+)
+
+
 class InternalError(ApiError):
     status, code = 500, "internal_error"
 

@@ -17,6 +17,14 @@ no pooled connection to a demoted primary is used again. `retry_idempotent(work)
 work again across a failover, for work that is safe to repeat (idempotent by design:
 stored once by id, conditional updates); anything else fails with the error, which the
 API answers 503 service_unavailable with Retry-After (shared/api.py), never a 500.
+
+A write cut while it commits is another matter: the server may have committed it (with
+a synchronous standby the commit is on the promoted server) and only the answer was
+lost. `shared.db` raises `CommitOutcomeUnknown` for those (a COMMIT, or an autocommitted
+statement on the fast executor, whose connection broke); the API answers it 503
+outcome_unknown and an Idempotency-Key keeps that answer rather than running the work
+again (shared/idempotency.py). It is still a failover (`is_failover`): work safe to
+repeat is retried as before.
 """
 
 from __future__ import annotations
@@ -41,6 +49,36 @@ FAILOVER_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "25006"})
 READ_ONLY = "25006"
 #: How long `retry_idempotent` keeps trying by default: a promotion takes seconds.
 RETRY_FOR_S = 30.0
+
+
+class CommitOutcomeUnknown(sa.exc.DBAPIError):
+    """A failover cut a write after it was sent to commit: it may or may not be written.
+
+    A DBAPIError (wrapping the driver's error, its connection invalidated), so code
+    that handles a cut connection handles this one the same way.
+    """
+
+    @classmethod
+    def of(cls, err: BaseException) -> CommitOutcomeUnknown:
+        orig = getattr(err, "orig", None)
+        cause = orig if isinstance(orig, BaseException) else err
+        unknown = cls("COMMIT", None, cause, connection_invalidated=True)  # type: ignore[arg-type]
+        unknown.__cause__ = err
+        return unknown
+
+
+def outcome_unknown(err: BaseException, *, committing: bool) -> bool:
+    """Whether `err`, raised by a write, leaves unknown whether it was written.
+
+    At COMMIT (`committing`) any failover: the server may have committed before the
+    connection broke. For an autocommitted statement, a connection that broke with no
+    answer from the server: a server that answers with an error (25006 read-only, 57P01
+    shut down while it ran, 57P03) did not commit it, and a session ended while its
+    commit waits for the standby sends nothing.
+    """
+    if isinstance(err, CommitOutcomeUnknown) or not is_failover(err):
+        return False
+    return committing or sqlstate(err) is None
 
 
 def _causes(err: BaseException) -> list[BaseException]:

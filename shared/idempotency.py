@@ -2,7 +2,11 @@
 
 A record is claimed (inserted, committed) before the view runs, so two concurrent
 requests with one key cannot both act: the second gets 409. Responses below 500
-are kept; after a 500 the claim is dropped so the client may retry.
+are kept; after a 500 the claim is dropped so the client may retry. A database
+failover before the work's COMMIT rolled it back whole: the claim is dropped too (503
+service_unavailable, retry with the same key). One that cut the COMMIT itself may have
+left it written: its 503 outcome_unknown is kept like any answer, so the same key never
+runs the work twice (shared/failover.py).
 
 Records hold no secret in plaintext: a response (a webhook secret, an API key) is
 stored encrypted with a key derived from SETTLE_SECRET_KEY, and the request is
@@ -37,8 +41,16 @@ import sqlalchemy as sa
 from flask import Flask, Response, current_app, g, request
 from sqlalchemy.orm import Mapped, mapped_column
 
+from shared import failover
 from shared.db import Database, UTCDateTime, is_unique_violation
-from shared.errors import ApiError, Conflict, IdempotencyKeyReused, InvalidRequest, error_response
+from shared.errors import (
+    OUTCOME_UNKNOWN,
+    ApiError,
+    Conflict,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    error_response,
+)
 from shared.identity.principal import Principal
 from shared.secretbox import SecretBox, SecretDecryptError
 from shared.timefmt import utcnow
@@ -59,6 +71,15 @@ BOX_SALT = b"settle-idempotency-records"
 PURGE_INTERVAL_S = 60.0
 #: ...and at most this many per round, so a backlog never makes one long transaction.
 PURGE_BATCH = 1000
+#: How long storing or releasing a claim is tried across a failover (the request waits).
+SETTLE_RETRY_S = 5.0
+#: A claim without an outcome: running, or cut by a database switch that left no
+#: primary to record what happened (then it may be written: never run it again).
+IN_PROGRESS = (
+    "a request with {header} {key!r} is still in progress, or was cut by a database "
+    "switch before its outcome could be recorded; check the resource (GET) before "
+    "sending it again with a new {header}"
+)
 #: OpenAPI description of the header, for `blp.doc(parameters=[OPENAPI_PARAMETER])` on
 #: every idempotent POST (which also documents 400 for a bad key and 409).
 OPENAPI_PARAMETER = {
@@ -192,13 +213,17 @@ def idempotent(model: type[IdempotencyRecordMixin]) -> Callable[[F], F]:
                 response = current_app.make_response(fn(*args, **kwargs))
             except ApiError as err:
                 response = error_response(err)
+            except failover.CommitOutcomeUnknown as err:
+                # It may be written: kept, so the key never runs it a second time.
+                log.warning("%s %r cut while it committed: %s", HEADER, key, err.__cause__)
+                response = error_response(OUTCOME_UNKNOWN)
             except BaseException:
-                _release(db, model, scope, key)
+                _settle(lambda: _release(db, model, scope, key), key)
                 raise
-            if response.status_code >= 500:
-                _release(db, model, scope, key)
+            if response.status_code >= 500 and response.status_code != OUTCOME_UNKNOWN.status:
+                _settle(lambda: _release(db, model, scope, key), key)
             else:
-                _store(db, box, model, scope, key, response)
+                _settle(lambda: _store(db, box, model, scope, key, response), key)
             if store.purge_due():
                 response.call_on_close(lambda: store.purge(model))
             return response
@@ -235,14 +260,14 @@ def _claim(
                     f"{HEADER} {key!r} was used with another request in the last 24 h"
                 )
             if earlier.status_code is None:
-                raise Conflict(f"a request with {HEADER} {key!r} is still in progress")
+                raise Conflict(IN_PROGRESS.format(header=HEADER, key=key))
             return Response(
                 _open(box, key, earlier.response_body),
                 status=earlier.status_code,
                 mimetype="application/json",
                 headers={"Idempotent-Replayed": "true"},
             )
-    raise Conflict(f"a request with {HEADER} {key!r} is still in progress")
+    raise Conflict(IN_PROGRESS.format(header=HEADER, key=key))
 
 
 def _open(box: SecretBox, key: str, sealed: str | None) -> str:
@@ -268,6 +293,18 @@ def _store(
             .where(model.scope == scope, model.key == key)
             .values(status_code=response.status_code, response_body=box.encrypt(body))
         )
+
+
+def _settle(work: Callable[[], None], key: str) -> None:
+    """Store or release a claim, across a failover for up to SETTLE_RETRY_S (both are
+    safe to repeat). If no primary takes it by then the claim stays in progress: retries
+    get 409 (see `_claim`) until it expires, never a second run."""
+    try:
+        failover.retry_idempotent(work, what=f"{HEADER} {key!r}", retry_for_s=SETTLE_RETRY_S)
+    except Exception as err:
+        if not failover.is_failover(err):
+            raise
+        log.error("%s %r stays in progress: no primary to record its outcome: %s", HEADER, key, err)
 
 
 def _release(db: Database, model: Any, scope: str, key: str) -> None:

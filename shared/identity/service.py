@@ -185,7 +185,7 @@ def authenticate_key(db: Database, plain: str) -> ActiveKey | None:
     if not _could_be_key(plain):
         return None
     lookup = db.attachment("identity.active_key", lambda d: d.driver_statement(_ACTIVE_KEY))
-    with db.driver_autocommit() as conn:
+    with db.driver_autocommit(writes=False) as conn:
         row = conn.execute(lookup.sql, lookup.bind({"key_hash": token_hash(plain)})).fetchone()
     return None if row is None else _active_key(row)
 

@@ -84,7 +84,7 @@ class AddressBook:
         now = self._monotonic()
         # The driver's own connection: this runs every round, and SQLAlchemy's result
         # processing of the rows read again cost more than reading them.
-        with self.db.driver_autocommit() as conn:
+        with self.db.driver_autocommit(writes=False) as conn:
             if self._high < 0 or now >= self._recount_due:
                 count = driver_rows(conn, self._statement("count", _COUNT), self._values)[0][0]
                 self._recount_due = now + self.recount_s

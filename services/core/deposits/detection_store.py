@@ -280,7 +280,7 @@ def pending(db: Database, chain_id: int, limit: int) -> list[Any]:
     """Deposits of a chain (not sandbox) waiting for finality, oldest block first (rows:
     `_PENDING`'s columns)."""
     statement = db.attachment("deposits.pending", lambda d: d.driver_statement(_PENDING))
-    with db.driver_autocommit() as conn:
+    with db.driver_autocommit(writes=False) as conn:
         return driver_rows(conn, statement, {"chain_id": chain_id, "limit": limit})
 
 
