@@ -21,7 +21,6 @@ import sqlalchemy as sa
 from alembic import op
 
 import shared.db
-from services.notifier.retention import WebhookRetention, partitioned_tables
 from shared import partitions
 
 revision: str = "notifier_0008"
@@ -33,6 +32,16 @@ depends_on: str | Sequence[str] | None = None
 MAX_BACKFILL_DAYS = 400
 
 _T = shared.db.UTCDateTime(timezone=True)
+
+# The partitioned tables as services/notifier/retention.py names them, spelled here (a
+# migration must keep building what it built; retentions do not matter to it).
+SPECS = [
+    partitions.PartitionedTable("notifier_events", "received_at", timedelta(days=90)),
+    partitions.PartitionedTable("webhook_deliveries", "id", timedelta(days=30), id_prefix="whd_"),
+    partitions.PartitionedTable(
+        "webhook_attempts", "delivery_id", timedelta(days=30), id_prefix="whd_"
+    ),
+]
 
 #: The columns copied from each old table.
 _EVENTS = ("id", "tenant_id", "event_type", "body", "created_at", "received_at", "request_id")
@@ -156,7 +165,7 @@ def upgrade() -> None:
         "webhook_deliveries": "SELECT min(created_at) FROM webhook_deliveries_old",
         "webhook_attempts": "SELECT min(created_at) FROM webhook_deliveries_old",
     }
-    for spec in partitioned_tables(WebhookRetention()):
+    for spec in SPECS:
         partitions.create_default(conn, spec)
         first = conn.execute(sa.text(oldest[spec.parent])).scalar() or now
         first = max(first, now - timedelta(days=MAX_BACKFILL_DAYS))
