@@ -103,4 +103,3 @@ def test_an_endpoint_is_failing_after_five_attempts_unless_told_otherwise() -> N
     assert NotifierConfig.from_env({}).failing_after_attempts == 5
     env = {"SETTLE_WEBHOOK_FAILING_AFTER_ATTEMPTS": "12"}
     assert NotifierConfig.from_env(env).failing_after_attempts == 12
-
