@@ -220,3 +220,29 @@ def test_a_write_cut_before_its_commit_is_retried_with_the_same_key_and_runs_onc
     assert _rows(db) == 2
     assert _post(client, "k-2").headers["Idempotent-Replayed"] == "true"
     assert _rows(db) == 2
+
+
+def test_a_key_whose_outcome_no_primary_could_record_stays_in_progress(
+    cluster: PgCluster, db: Database
+) -> None:
+    """The primary dies at the commit and no server takes writes for longer than the
+    decorator tries to record the outcome: the claim stays, and says why."""
+
+    def work() -> None:
+        with db.transaction() as session:
+            session.execute(sa.text("SET LOCAL synchronous_commit = remote_apply"))
+            session.execute(sa.text("INSERT INTO probe (tag) VALUES ('unrecorded')"))
+
+    client = _app(db, work).test_client()
+    _hold_commits_unacknowledged(cluster)
+    answer = _in_background(lambda: _post(client, "k-3"))
+    _wait_for_commit_waiting(cluster)
+    cluster.stop("primary")
+    first = answer()  # after idempotency.SETTLE_RETRY_S without a primary
+    assert first.status_code == 503
+    assert first.json is not None and first.json["code"] == "outcome_unknown"
+    cluster.promote_standby()
+    again = _post(client, "k-3")
+    assert again.status_code == 409, again.get_data(as_text=True)
+    assert again.json is not None and "cut by a database switch" in again.json["error"]
+    assert _rows(db) == 1

@@ -39,6 +39,10 @@ def app() -> Flask:
     def post_thing() -> dict[str, int]:
         raise _cut(failover.READ_ONLY)
 
+    @app.post("/v1/committing")
+    def committing() -> dict[str, int]:
+        raise failover.CommitOutcomeUnknown.of(_cut())
+
     @app.post("/v1/broken")
     def broken() -> dict[str, int]:
         raise sa.exc.IntegrityError("INSERT ...", {}, psycopg.errors.UniqueViolation("dup"))
@@ -94,3 +98,30 @@ def test_retry_gives_up_after_its_time_and_never_retries_other_errors() -> None:
     with pytest.raises(psycopg.errors.UniqueViolation):
         failover.retry_idempotent(wrong, what="t", sleep=slept.append)
     assert calls["n"] == 2 and slept == []
+
+
+def test_a_write_cut_while_it_committed_is_a_503_outcome_unknown_without_retry_after(
+    app: Flask,
+) -> None:
+    answer = app.test_client().post("/v1/committing", json={})
+    assert answer.status_code == 503
+    assert "Retry-After" not in answer.headers
+    body = answer.get_json()
+    assert body["code"] == "outcome_unknown"
+    assert body["error"].startswith("outcome_unknown: ") and "new Idempotency-Key" in body["error"]
+
+
+def test_which_cut_writes_leave_their_outcome_unknown() -> None:
+    # At COMMIT: any failover (the server may have committed before the socket broke)
+    assert failover.outcome_unknown(_cut(), committing=True)
+    assert failover.outcome_unknown(psycopg.errors.AdminShutdown("bye"), committing=True)
+    # An autocommitted statement: only a connection that broke with no answer
+    assert failover.outcome_unknown(_cut(), committing=False)
+    assert not failover.outcome_unknown(_cut(failover.READ_ONLY), committing=False)
+    assert not failover.outcome_unknown(psycopg.errors.AdminShutdown("bye"), committing=False)
+    # Not a failover, or already classified: never
+    assert not failover.outcome_unknown(psycopg.errors.UniqueViolation("dup"), committing=True)
+    unknown = failover.CommitOutcomeUnknown.of(_cut())
+    assert not failover.outcome_unknown(unknown, committing=True)
+    # Still a failover (idempotent work is retried) and a DBAPIError (handled as one)
+    assert failover.is_failover(unknown) and isinstance(unknown, sa.exc.DBAPIError)
