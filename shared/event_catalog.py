@@ -358,12 +358,20 @@ def _envelope(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
         "$schema": DIALECT,
         "title": event_type,
         "type": "object",
-        "required": ["id", "type", "createdAt", "tenantId", "data"],
+        "required": ["id", "type", "createdAt", "tenantId", "livemode", "data"],
         "properties": {
             "id": {"type": "string", "pattern": "^evt_", "description": "Deduplicate on it."},
             "type": {"const": event_type},
             "createdAt": _TIMESTAMP,
             "tenantId": {"type": "string", "format": "uuid"},
+            "livemode": {
+                "type": "boolean",
+                "description": (
+                    "false on a test (webhook.test, the portal's Send example) and on every "
+                    "event of a sandbox deposit or sandbox tenant: simulated, never money. "
+                    "A production receiver ignores such events."
+                ),
+            },
             "sequence": {
                 "type": "integer",
                 "minimum": 1,

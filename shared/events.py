@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from shared.ids import new_id
+from shared.ids import new_id, ulid
 from shared.timefmt import iso_ms, utcnow
 
 ACCOUNT_CREATED = "deposit.account.created"
@@ -135,6 +135,25 @@ def new_event_id() -> str:
     return new_id("evt")
 
 
+#: Ids of events that are tests (`webhook.test`, "Send example"): delivered with the
+#: TEST_HEADER, never about a real object.
+TEST_EVENT_PREFIX = "evt_test_"  # shared/signing.py knows it too (no import between them)
+
+
+def new_test_event_id() -> str:
+    return f"{TEST_EVENT_PREFIX}{ulid()}"
+
+
+def is_test_event(event_id: str) -> bool:
+    return event_id.startswith(TEST_EVENT_PREFIX)
+
+
+def is_sandbox_data(data: dict[str, Any]) -> bool:
+    """Whether an event's data is about a sandbox deposit (simulated money)."""
+    deposit = data.get("deposit")
+    return isinstance(deposit, dict) and deposit.get("sandbox") is True
+
+
 def envelope(
     event_type: str,
     tenant_id: str,
@@ -143,9 +162,11 @@ def envelope(
     event_id: str | None = None,
     created_at: datetime | None = None,
     sequence: int | None = None,
+    livemode: bool = True,
 ) -> dict[str, Any]:
     """The event as a receiver sees it; `sequence` (an account's event number) only when
-    given."""
+    given. `livemode` is false for tests, examples and sandbox money (a receiver in
+    production ignores such events: docs/WEBHOOKS.md)."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {event_type}")
     envelope: dict[str, Any] = {
@@ -153,6 +174,7 @@ def envelope(
         "type": event_type,
         "createdAt": iso_ms(created_at or utcnow()),
         "tenantId": str(tenant_id),
+        "livemode": bool(livemode) and not is_sandbox_data(data),
     }
     if sequence is not None:
         envelope["sequence"] = sequence

@@ -27,6 +27,10 @@ SIGNATURE_HEADER = "x-service-signature"
 TIMESTAMP_HEADER = "x-service-timestamp"
 EVENT_ID_HEADER = "x-service-event-id"
 DELIVERY_ID_HEADER = "x-service-delivery-id"
+#: `1` on a delivery of a test event (`webhook.test`, "Send example"): never money.
+TEST_HEADER = "x-service-test"
+#: The id prefix of test events (shared/events.py: TEST_EVENT_PREFIX).
+_TEST_EVENT_PREFIX = "evt_test_"
 SCHEME = "v1"
 #: Standard Webhooks' headers (sent besides ours when the endpoint asks for them).
 STANDARD_ID_HEADER = "webhook-id"
@@ -173,7 +177,13 @@ def sign_headers(
         headers[STANDARD_SIGNATURE_HEADER] = standard_signature_header(
             secrets, event_id, ts, raw_body
         )
+    headers.update(marked_as_test(event_id))
     return headers
+
+
+def marked_as_test(event_id: str) -> dict[str, str]:
+    """`x-service-test: 1` for a test event's delivery, nothing for a real one."""
+    return {TEST_HEADER: "1"} if event_id.startswith(_TEST_EVENT_PREFIX) else {}
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:

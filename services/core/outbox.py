@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
+from flask import g, has_request_context
 from sqlalchemy.orm import Session
 
 from services.core import event_sequences
@@ -21,6 +22,7 @@ from services.core.models import DEPOSIT_STATUS_EVENT_TYPES, OutboxDurableId, Ou
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events, logs
 from shared.db import Database, database_of, execute_json_rows, json_rows_insert
+from shared.identity.models import Tenant
 from shared.timefmt import parse_iso, utcnow
 
 __all__ = ["NOTIFY_CHANNEL", "emit", "emit_many"]
@@ -83,12 +85,17 @@ def event_row(
     event_id: str | None = None,
     created_at: datetime | None = None,
     sequence: int | None = None,
+    livemode: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A new event's envelope and the outbox row (column values) that stores it.
 
     `sequence`: the account's number for it (`emit` and `emit_many` take it; only the
-    writer of an account's first event passes it, event_sequences.FIRST).
+    writer of an account's first event passes it, event_sequences.FIRST). `livemode`:
+    false for a sandbox tenant; when not given, what the request's caller says (true
+    outside a request).
     """
+    if livemode is None:
+        livemode = not _caller_is_sandbox(tenant_id)
     envelope = events.envelope(
         event_type,
         tenant_id,
@@ -96,6 +103,7 @@ def event_row(
         event_id=event_id,
         created_at=created_at or utcnow(),
         sequence=sequence,
+        livemode=livemode,
     )
     return envelope, row_of(envelope)
 
@@ -144,7 +152,13 @@ def emit(
     account = events.account_of(data)
     sequence = None if account is None else event_sequences.take(session, {account: 1})[account]
     envelope, row = event_row(
-        event_type, tenant_id, data, event_id=event_id, created_at=created_at, sequence=sequence
+        event_type,
+        tenant_id,
+        data,
+        event_id=event_id,
+        created_at=created_at,
+        sequence=sequence,
+        livemode=not sandbox_tenants(session, {tenant_id}),
     )
     session.execute(_INSERT, row)
     request_wakeup(session)
@@ -170,6 +184,10 @@ def emit_many(session: Session, envelopes: list[dict[str, Any]]) -> int:
     """
     if not envelopes:
         return 0
+    sandbox = sandbox_tenants(session, {e["tenantId"] for e in envelopes})
+    for envelope in envelopes:
+        if envelope["tenantId"] in sandbox:
+            envelope["livemode"] = False  # in its place: the key exists already
     accounts = [events.account_of(e["data"]) for e in envelopes]
     if any(accounts):
         rows = _numbered_rows(session, envelopes, accounts)
@@ -242,3 +260,26 @@ def _numbered_rows(
             following[account] += 1
         rows.append(row_of(envelope))
     return rows
+
+
+def _caller_is_sandbox(tenant_id: str) -> bool:
+    """Whether the request being served is a sandbox tenant's (False outside one)."""
+    if not has_request_context():
+        return False
+    principal = g.get("principal")
+    return principal is not None and principal.tenant_id == tenant_id and principal.sandbox
+
+
+def sandbox_tenants(session: Session, tenant_ids: set[str]) -> set[str]:
+    """Which of these tenants are sandbox tenants: every event of theirs is a test
+    (`livemode: false`). The request's caller answers for its own tenant; the others
+    are read from identity's table (core's database)."""
+    if len(tenant_ids) == 1 and has_request_context():
+        (tenant_id,) = tenant_ids
+        principal = g.get("principal")
+        if principal is not None and principal.tenant_id == tenant_id:
+            return {tenant_id} if principal.sandbox else set()
+    found = session.scalars(
+        sa.select(Tenant.id).where(Tenant.id.in_(sorted(tenant_ids)), Tenant.sandbox.is_(True))
+    )
+    return set(found)

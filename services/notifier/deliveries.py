@@ -8,6 +8,7 @@ core, a tenant asked for a test, a replay or a recovery.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from shared.api import Page, field_error, keyset_page
 from shared.audit.log import Change
 from shared.db import Database, adopt, database_of, driver_connection
 from shared.errors import Conflict, NotFound
+from shared.ids import ulid
 from shared.logs import plausible_request_id
 from shared.timefmt import parse_iso, utcnow
 
@@ -89,6 +91,8 @@ def parse_envelope(body: bytes) -> dict[str, Any]:
         raise InvalidEvent("id must be evt_... and at most 120 characters")
     if envelope["type"] not in events.EVENT_TYPES:
         raise InvalidEvent(f"unknown event type {envelope['type']!r}")
+    if not isinstance(envelope.get("livemode", True), bool):
+        raise InvalidEvent("livemode is not a boolean")
     if len(envelope["tenantId"]) > 36:
         raise InvalidEvent("tenantId longer than 36 characters")
     try:
@@ -215,13 +219,40 @@ def send_test(
     now = now or utcnow()
     event_type, data = events.WEBHOOK_TEST, {"endpointId": endpoint.id, "message": TEST_MESSAGE}
     if example_of is not None and example_of != events.WEBHOOK_TEST:
-        event_type, data = example_of, event_catalog.get(example_of).example["data"]
-    envelope = events.envelope(event_type, tenant_id, data, created_at=now)
+        example = event_catalog.get(example_of).example["data"]
+        event_type, data = example_of, example_ids(example)
+    # A test, never money: `livemode: false`, an `evt_test_` id (delivered with
+    # `x-service-test: 1`), and ids no real object has (issue 23).
+    envelope = events.envelope(
+        event_type,
+        tenant_id,
+        data,
+        event_id=events.new_test_event_id(),
+        created_at=now,
+        livemode=False,
+    )
     event = store_event(session, events.encode(envelope), now=now)
     assert event is not None  # a fresh ULID id cannot collide
     row = fanout.pending(tenant_id, event.id, event.event_type, endpoint.id, now)
     (delivery,) = fanout.create_deliveries(session, [row])
     return delivery
+
+
+#: An object id as Settle makes them: a kind prefix, then a ULID (shared/ids.py).
+_OBJECT_ID = re.compile(r"^([a-z]+)_[0-9A-HJKMNP-TV-Z]{26}$")
+
+
+def example_ids(value: Any) -> Any:
+    """A catalog example with each object id (`dep_01J...`) made one no real object has
+    (`dep_example_01J...`, fresh each time), so a receiver can never match it to a real
+    deposit or account."""
+    if isinstance(value, dict):
+        return {key: example_ids(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [example_ids(item) for item in value]
+    if isinstance(value, str) and (match := _OBJECT_ID.match(value)):
+        return f"{match.group(1)}_example_{ulid()}"
+    return value
 
 
 def replay(

@@ -216,6 +216,9 @@ def test_create_an_endpoint_and_copy_its_secret(
     page.get_by_role("heading", name=re.compile("Delivery")).wait_for()
     hit = first_hit(receiver, "/created")
     signing.verify(secret, hit.headers, hit.body)
+    # A test, marked so: livemode false and x-service-test: 1 (issue 23)
+    assert json.loads(hit.body)["livemode"] is False
+    assert hit.headers.get("x-service-test") == "1"
 
 
 def test_rotate_a_secret_with_an_overlap(page: Any, portal: Portal, receiver: Receiver) -> None:
@@ -716,23 +719,35 @@ def test_send_an_example_of_a_type_from_the_catalog(
     endpoint, secret = made["webhookEndpoint"], made["secret"]
     sign_in(page, portal, "developer")
     page.goto("/portal/#/events")
-    # When the developer sends an example of deposit.credited to it
+    # When the developer opens the example of deposit.credited: no endpoint is chosen
     send = page.get_by_role("form", name="Send an example of deposit.credited")
+    assert send.get_by_label("Endpoint").input_value() == ""
+    send.get_by_role("button", name="Send example").click()
+    expect(send.get_by_text("Choose the endpoint")).to_be_visible()
+    # And once one is chosen, the portal asks before sending, naming it
     send.get_by_label("Endpoint").select_option(endpoint["id"])
     send.get_by_role("button", name="Send example").click()
+    expect(send.get_by_role("status")).to_contain_text(endpoint["url"])
+    assert receiver.hits("/example") == []  # nothing sent before the answer
+    send.get_by_role("button", name="Yes, send the example").click()
     page.wait_for_url(re.compile(r"#/deliveries/whd_"))
     # Then the receiver gets a signed deposit.credited with the catalog's example data,
-    # under a fresh event id
+    # under a fresh event id, marked a test: livemode false, x-service-test: 1, and ids
+    # no real object has
     hit = first_hit(receiver, "/example")
     signing.verify(secret, hit.headers, hit.body)
+    assert hit.headers.get("x-service-test") == "1"
     body = json.loads(hit.body)
     example = next(
         t
         for t in portal.call("GET", "/v1/event-types")["eventTypes"]
         if t["type"] == "deposit.credited"
     )["example"]
-    assert body["type"] == "deposit.credited" and body["data"] == example["data"]
-    assert body["id"] != example["id"] and body["tenantId"] == portal.tenant_id
+    assert body["type"] == "deposit.credited" and body["livemode"] is False
+    assert body["id"].startswith("evt_test_") and body["tenantId"] == portal.tenant_id
+    sent, shown = body["data"]["deposit"], example["data"]["deposit"]
+    assert sent["id"].startswith("dep_example_") and sent["accountId"].startswith("acc_example_")
+    assert sent["amount"] == shown["amount"] and sent["status"] == shown["status"]
 
 
 # -- access -------------------------------------------------------------------------

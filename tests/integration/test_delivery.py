@@ -78,7 +78,7 @@ def test_delivery_is_signed_and_carries_the_exact_envelope(
     assert hit.headers["x-service-signature"].startswith("v1=")
     assert "," not in hit.headers["x-service-signature"]
     body = json.loads(hit.body)
-    assert list(body) == ["id", "type", "createdAt", "tenantId", "data"]
+    assert list(body) == ["id", "type", "createdAt", "tenantId", "livemode", "data"]
     assert body["type"] == events.DEPOSIT_CREDITED and body["tenantId"] == tenant_id
     # And the delivery is recorded as succeeded with one attempt
     (delivery,) = pipeline.wait_status(envelope["id"], SUCCEEDED)

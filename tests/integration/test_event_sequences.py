@@ -57,7 +57,7 @@ def test_an_accounts_events_count_up_from_its_creation_and_others_carry_none(
     assert _numbers(pg_db, second["id"]) == [1]
     # The envelope's place for it: after tenantId, before data (and in the catalog).
     created = outbox_events(pg_db, policy_tenant.tenant_id, events.ACCOUNT_CREATED)[0]
-    assert list(created) == ["id", "type", "createdAt", "tenantId", "sequence", "data"]
+    assert list(created) == ["id", "type", "createdAt", "tenantId", "livemode", "sequence", "data"]
     with pg_db.transaction() as session:
         data = event_catalog.get(events.INVENTORY_LOW_BALANCE).example["data"]
         outbox.emit(session, events.INVENTORY_LOW_BALANCE, policy_tenant.tenant_id, data)

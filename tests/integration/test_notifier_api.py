@@ -520,7 +520,9 @@ def test_a_test_send_makes_one_webhook_test_delivery_and_hands_it_over(
     assert event["id"] == delivery["eventId"] and event["id"].startswith("evt_")
     assert (event["type"], event["tenantId"]) == (events.WEBHOOK_TEST, tenant.tenant_id)
     assert event["data"] == {"endpointId": target["id"], "message": "Test delivery from Settle"}
-    assert list(event) == ["id", "type", "createdAt", "tenantId", "data"]
+    assert list(event) == ["id", "type", "createdAt", "tenantId", "livemode", "data"]
+    # A test, never money (issue 23): livemode false, an evt_test_ id
+    assert event["livemode"] is False and event["id"].startswith("evt_test_")
 
     # And a disabled endpoint gets no test (409)
     notifier_client.patch(

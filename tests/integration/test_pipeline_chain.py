@@ -146,6 +146,8 @@ def test_transfer_to_credit_on_chain_with_fee_and_net(rig: Rig, pg_db: Database)
         "deposit.credited",
     ]
     events = events_of(pg_db, rig.account.tenant_id)
+    # A real deposit's events are money: livemode true on each (issue 23)
+    assert events and all(e["livemode"] is True for e in events)
     receipt = next(e for e in events if e["type"] == "deposit.credited")["data"]["deposit"]
     assert receipt["amount"] == "125.50" and receipt["netAmountUsd"] == 125.25
     assert (

@@ -134,6 +134,8 @@ def test_sandbox_deposit_starts_seen_and_is_credited_with_fee_and_net(
     events = {e["type"]: e for e in events_of(core_context.db, sandbox_tenant.tenant_id)}
     receipt = events["deposit.credited"]
     assert receipt["id"] == f"evt_dep_{deposit['id']}_credited"
+    # Simulated money: every event of the sandbox tenant says livemode false (issue 23)
+    assert {e["livemode"] for e in events.values()} == {False}
     assert receipt["data"] == {"deposit": credited}
     assert events["deposit.source_seen"]["id"] == f"evt_dep_{deposit['id']}_source_seen"
 

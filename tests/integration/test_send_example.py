@@ -9,6 +9,7 @@ endpoint alone, whatever the endpoint subscribes to.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -67,9 +68,38 @@ def test_an_example_of_each_type_goes_to_that_endpoint_alone(
     example = event_catalog.get(event_type).example
     assert (event["type"], event["tenantId"]) == (event_type, tenant.tenant_id)
     if event_type != events.WEBHOOK_TEST:
-        assert event["data"] == example["data"]
-    assert event["id"] != example["id"] and event["id"].startswith("evt_")
-    assert not event["id"].startswith("evt_dep_")
+        # the example's data, with every object id one no real object has (issue 23)
+        assert event["data"] == _same_ids(example["data"], event["data"])
+        assert event["data"] != example["data"] or not _ids(example["data"])
+        assert all("_example_" in i for i in _ids(event["data"]))
+    assert event["id"] != example["id"] and event["id"].startswith("evt_test_")
+    # And it is marked a test: never money
+    assert event["livemode"] is False
+
+
+def _ids(value: Any) -> list[str]:
+    """Every object id (`dep_...`, `acc_...`) in an event's data."""
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in _ids(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _ids(v)]
+    if isinstance(value, str) and re.match(r"^[a-z]+_(example_)?[0-9A-HJKMNP-TV-Z]{26}$", value):
+        return [value]
+    return []
+
+
+def _same_ids(example: Any, sent: Any) -> Any:
+    """`example` with each object id replaced by the one `sent` has in its place."""
+    if isinstance(example, dict):
+        return {
+            k: _same_ids(v, sent.get(k) if isinstance(sent, dict) else None)
+            for k, v in example.items()
+        }
+    if isinstance(example, list):
+        return [_same_ids(v, s) for v, s in zip(example, sent or [], strict=False)]
+    if _ids(example) and isinstance(sent, str):
+        return sent
+    return example
 
 
 def test_two_examples_of_one_type_are_two_events(

@@ -529,6 +529,7 @@ def _request_headers(delivery: Delivery, attempt: Attempt) -> dict[str, str]:
         signing.TIMESTAMP_HEADER: timestamp,
         signing.EVENT_ID_HEADER: delivery.event_id,
         signing.DELIVERY_ID_HEADER: delivery.id,
+        **signing.marked_as_test(delivery.event_id),
     }
     if attempt.webhook_signature is not None:
         headers[signing.STANDARD_ID_HEADER] = delivery.event_id

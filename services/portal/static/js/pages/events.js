@@ -29,20 +29,39 @@ export async function render(root) {
   root.append(list);
 }
 
+// No endpoint is chosen for you (the first in the list may be production's), and the
+// portal asks before sending: the example is signed like a real event, though marked a
+// test (`livemode: false`, `x-service-test: 1`, ids no real object has).
 function sendExample(type, endpoints) {
   const usable = endpoints.filter((e) => e.status === "enabled");
   if (!usable.length) return h("p", { class: "muted" }, "Create an endpoint to send an example to.");
-  const target = select(usable.map((e) => [e.id, e.name]), usable[0].id);
+  const target = select([["", "Choose an endpoint…"], ...usable.map((e) => [e.id, e.name])], "");
+  const question = h("p", { class: "confirm-question", role: "status" });
+  let confirmed = "";
+  target.addEventListener("change", () => {
+    confirmed = "";
+    question.replaceChildren();
+  });
   return form(
     `Send an example of ${type}`,
-    field("Endpoint", target),
+    [field("Endpoint", target), question],
     "Send example",
-    async () => {
-      const body = await api("POST", `/v1/webhook-endpoints/${enc(target.value)}/test`, { eventType: type });
+    async (el) => {
+      const chosen = usable.find((e) => e.id === target.value);
+      if (!chosen) throw new Error("Choose the endpoint to send the example to.");
+      const submit = el.querySelector('button[type="submit"]');
+      if (confirmed !== chosen.id) {
+        confirmed = chosen.id;
+        question.replaceChildren(
+          `Send a test example of ${type} to ${chosen.name} (${chosen.url})? It is signed like a real ` +
+            "event and marked livemode: false, with the header x-service-test: 1.",
+        );
+        submit.textContent = "Yes, send the example";
+        return;
+      }
+      const body = await api("POST", `/v1/webhook-endpoints/${enc(chosen.id)}/test`, { eventType: type });
       toast(`Example of ${type} sent`);
       go(`/deliveries/${body.webhookDelivery.id}`);
     },
   );
 }
-
-
