@@ -281,11 +281,13 @@ def _api_key(args: argparse.Namespace) -> str:
 
 
 def _event_types(args: argparse.Namespace, api: Api) -> list[str]:
+    """--events as given (types or patterns such as `deposit.*`); default `*`: every type,
+    including ones a newer Settle adds while listen runs. Patterns are checked by Settle."""
     known = api.event_types()
     if not args.events:
-        return known
+        return ["*"]
     chosen = [t.strip() for spec in args.events for t in spec.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in known]
+    unknown = [t for t in chosen if t not in known and not (t == "*" or t.endswith(".*"))]
     if unknown:
         raise ListenError(
             f"unknown event type(s) {', '.join(unknown)}; the event types are: " + ", ".join(known)
@@ -350,7 +352,7 @@ def run_listen(args: argparse.Namespace) -> int:
         ).start()
     printer.note(
         f"Ready: listening on {url} as endpoint {endpoint_id} for "
-        f"{len(event_types)} event type(s); every delivery is verified with its secret"
+        f"{', '.join(event_types)}; every delivery is verified with its secret"
     )
     printer.note(f"  secret {receiver.secret}")
     if args.forward_to:
@@ -400,7 +402,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--events",
         action="append",
         metavar="TYPES",
-        help="event types to subscribe to, comma-separated or repeated (default: all)",
+        help="event types or patterns (deposit.*) to subscribe to, comma-separated or "
+        "repeated (default: *, every type)",
     )
     p.add_argument("--forward-to", metavar="URL", help="also POST each verified delivery here")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
