@@ -54,6 +54,9 @@ class Chain:
     #: Most a hot-wallet payout may offer per gas, gwei (SETTLE_PAYMENT_MAX_FEE_GWEI
     #: overrides it); None: no cap.
     payment_max_fee_gwei: Decimal | None = None
+    #: A transaction's page on the chain's block explorer, `{txHash}` standing for the
+    #: hash (the portal links each tx hash to it); None: no link.
+    explorer_tx_url: str | None = None
 
     @property
     def final_depth(self) -> int:
@@ -162,6 +165,14 @@ def _finality_tag(value: object, where: str) -> str | None:
     return str(value)
 
 
+def _explorer(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("https://") or "{txHash}" not in value:
+        raise ChainsFileError(f"{where}.explorer_tx_url must be an https:// URL with {{txHash}}")
+    return value
+
+
 def parse_chains(text: str) -> ChainRegistry:
     """Parse and check the TOML text of a chains file."""
     data = tomllib.loads(text)
@@ -191,6 +202,7 @@ def parse_chains(text: str) -> ChainRegistry:
                 payment_max_fee_gwei=None
                 if raw.get("payment_max_fee_gwei") is None
                 else _decimal(raw["payment_max_fee_gwei"], f"{where}.payment_max_fee_gwei"),
+                explorer_tx_url=_explorer(raw.get("explorer_tx_url"), where),
             )
         except KeyError as missing:
             raise ChainsFileError(f"{where} lacks {missing}") from None

@@ -978,3 +978,57 @@ def test_hostile_names_are_shown_as_text(page: Any, portal: Portal, receiver: Re
         shown = page.locator("main").inner_text()
         assert "<script>window.__owned=" in shown, route
     assert dialogs == []
+
+
+# -- money shown exactly (issue 23) ----------------------------------------------------
+
+
+def test_a_deposit_shows_its_fee_and_net_exactly_and_links_its_transactions(
+    page: Any, portal: Portal
+) -> None:
+    # Given a credited sandbox deposit whose fee is 0.00065 USD and net 9.99935 USD, as
+    # the API sends them (the figures are set on the API's answer: a chain's flat fee is
+    # not ours to choose here)
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    destination = {
+        "chainId": 8453,
+        "address": "0x5aAeb6053F3E94C9b9A09f33669435E7Ef1BeAed",
+        "tokenAddress": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+    }
+    account = portal.call(
+        "POST", "/v1/deposit-accounts", {"externalUserId": user, "destination": destination}
+    )["depositAccount"]
+    address = next(a for a in account["depositAddresses"] if a["chainId"] == 137)
+    deposit = portal.call(
+        "POST",
+        "/v1/sandbox/deposits",
+        {"depositAddress": address["address"], "chainId": 137, "asset": "USDC", "amount": "10"},
+    )["deposit"]
+    path = f"/v1/deposits/{deposit['id']}"
+    credited = portal.wait_for("GET", path, lambda b: b["deposit"]["status"] == "credited")
+
+    def exact_figures(route: Any) -> None:
+        body = route.fetch().json()
+        body["deposit"].update(amountUsd=10, settlementGasFeeUsd=0.00065, netAmountUsd=9.99935)
+        route.fulfill(json=body)
+
+    page.route(re.compile(rf".*/v1/deposits/{deposit['id']}$"), exact_figures)
+    # When a viewer opens it
+    sign_in(page, portal, "viewer")
+    page.goto(f"/portal/#/deposits/{deposit['id']}")
+    loaded(page)
+    # Then the figures are the API's own digits, not rounded to cents
+    details = page.locator("dl").first
+    expect(details).to_contain_text("0.00065")
+    expect(details).to_contain_text("9.99935")
+    expect(details).to_contain_text("10.00")
+    assert "10.00" not in details.inner_text().split("Net (USD)")[1].split("\n")[1]
+    # And each transaction links to its chain's block explorer
+    source = page.get_by_role("link", name=credited["deposit"]["sourceTxHash"])
+    assert source.get_attribute("href") == (
+        f"https://polygonscan.com/tx/{credited['deposit']['sourceTxHash']}"
+    )
+    credit = page.get_by_role("link", name=credited["deposit"]["creditTxHash"])
+    assert credit.get_attribute("href") == (
+        f"https://basescan.org/tx/{credited['deposit']['creditTxHash']}"
+    )

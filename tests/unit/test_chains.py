@@ -78,3 +78,16 @@ def test_a_good_file_parses() -> None:
 def test_bad_files_say_where(status: str, depth: int, token: str, message: str) -> None:
     with pytest.raises(ChainsFileError, match=message):
         parse_chains(BASE % (status, depth, token))
+
+
+def test_each_shipped_chain_links_its_block_explorer_and_a_bad_link_is_refused() -> None:
+    # The portal links tx hashes to these (issue 23): https, with the hash's place
+    for chain in load_chains().chains:
+        assert chain.explorer_tx_url is not None, chain.name
+        assert chain.explorer_tx_url.startswith("https://") and "{txHash}" in chain.explorer_tx_url
+    text = BASE % ("active", 3, GOOD_TOKEN)
+    for bad in ('"http://etherscan.io/tx/{txHash}"', '"https://etherscan.io/tx/"', "7"):
+        with pytest.raises(ChainsFileError, match="explorer_tx_url"):
+            parse_chains(
+                text.replace("min_deposit_usd = 5", f"min_deposit_usd = 5\nexplorer_tx_url = {bad}")
+            )

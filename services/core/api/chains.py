@@ -33,6 +33,15 @@ class ChainSchema(Schema):
     confirmations = ma.fields.Integer(
         required=True, metadata={"description": "Blocks before a deposit counts as confirmed."}
     )
+    explorer_tx_url = ma.fields.String(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "A transaction's page on the chain's block explorer, `{txHash}` "
+            "standing for the hash; null when none is configured.",
+            "example": "https://basescan.org/tx/{txHash}",
+        },
+    )
 
 
 class VenueSchema(Schema):
@@ -56,6 +65,7 @@ class ChainListing:
     min_deposit_usd: Decimal | None
     settlement_gas_fee_usd: Decimal
     confirmations: int
+    explorer_tx_url: str | None
 
     @classmethod
     def of(cls, chain: Chain, fee: Decimal) -> ChainListing:
@@ -67,6 +77,7 @@ class ChainListing:
             chain.min_deposit_usd,
             fee,
             chain.confirmations,
+            chain.explorer_tx_url,
         )
 
 

@@ -21,7 +21,7 @@ import {
   table,
   time,
 } from "../ui.js";
-import { DEPOSIT_STATUSES, allEndpoints, chainList, chainName } from "./shared.js";
+import { DEPOSIT_STATUSES, allEndpoints, chainList, chainName, txLink, usd } from "./shared.js";
 
 const listState = { stack: [], cursor: null, key: "" };
 
@@ -80,7 +80,7 @@ async function renderList(root, params) {
       { label: "External user", render: (d) => d.externalUserId },
       { label: "Chain", render: (d) => chainName(chains, d.chainId) },
       { label: "Amount", render: (d) => `${d.amount} ${d.asset || ""}` },
-      { label: "Net USD", render: (d) => (d.netAmountUsd === null ? "—" : d.netAmountUsd.toFixed(2)) },
+      { label: "Net USD", render: (d) => usd(d.netAmountUsd) },
       { label: "Status", render: (d) => badge(d.status) },
     ], body.deposits, { empty: "No deposits match." }),
     pager(listState, body.nextCursor, (cursor) => go("/deposits", { ...filters, cursor })),
@@ -104,14 +104,14 @@ async function renderOne(root, depositId) {
       ["External user", h("a", { href: `#/accounts/${encodeURIComponent(deposit.externalUserId)}` }, deposit.externalUserId)],
       ["Chain", chainName(chains, deposit.chainId)],
       ["Amount", `${deposit.amount} ${deposit.asset || deposit.tokenAddress}`],
-      ["Amount (USD)", deposit.amountUsd === null ? "—" : deposit.amountUsd.toFixed(2)],
-      ["Settlement fee (USD)", deposit.settlementGasFeeUsd === null ? "—" : deposit.settlementGasFeeUsd.toFixed(2)],
-      ["Net (USD)", deposit.netAmountUsd === null ? "—" : deposit.netAmountUsd.toFixed(2)],
+      ["Amount (USD)", usd(deposit.amountUsd)],
+      ["Settlement fee (USD)", usd(deposit.settlementGasFeeUsd)],
+      ["Net (USD)", usd(deposit.netAmountUsd)],
       ["Deposit address", code(deposit.depositAddress)],
-      ["Source transaction", code(deposit.sourceTxHash)],
+      ["Source transaction", txLink(chains, deposit.chainId, deposit.sourceTxHash)],
       ["Confirmations", `${deposit.confirmations} of ${deposit.requiredConfirmations ?? "?"}`],
       ["Destination", code(`${deposit.destination.address} on ${deposit.destination.chainId}`)],
-      ["Credit transaction", deposit.creditTxHash ? code(deposit.creditTxHash) : "—"],
+      ["Credit transaction", txLink(chains, deposit.destination.chainId, deposit.creditTxHash)],
       ["Failure reason", deposit.failureReason || "—"],
       ["Review reason", deposit.reviewReason || "—"],
     ]),

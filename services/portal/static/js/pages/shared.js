@@ -1,6 +1,7 @@
 // Things several pages show: statuses, chains, endpoints, event types.
 
 import { api } from "../api.js";
+import { h } from "../ui.js";
 
 export const DEPOSIT_STATUSES = [
   "source_seen",
@@ -17,6 +18,41 @@ let chains = null;
 export async function chainList() {
   if (!chains) chains = (await api("GET", "/v1/chains")).chains;
   return chains;
+}
+
+/**
+ * A USD figure exactly as the API sent it (a fee of 0.00065 stays 0.00065, a net of
+ * 9.99935 stays 9.99935: rounding to cents showed 0.00 and 10.00), with at least two
+ * decimals. JSON numbers read back as the shortest text that is the same number, so
+ * `String` is the API's own digits; an exponent (1e-7) is written out in full.
+ */
+export function usd(value) {
+  if (value === null || value === undefined) return "—";
+  let text = String(value);
+  const exp = text.match(/^(-?)(\d+)(?:\.(\d+))?e([+-]\d+)$/i);
+  if (exp) {
+    const [, sign, whole, frac = "", power] = exp;
+    const digits = whole + frac;
+    const point = whole.length + Number(power);
+    text =
+      point <= 0
+        ? `${sign}0.${"0".repeat(-point)}${digits}`
+        : point >= digits.length
+          ? `${sign}${digits}${"0".repeat(point - digits.length)}`
+          : `${sign}${digits.slice(0, point)}.${digits.slice(point)}`;
+  }
+  const [whole, frac = ""] = text.split(".");
+  return `${whole}.${frac.padEnd(2, "0")}`;
+}
+
+/** A transaction hash, linked to its page on the chain's block explorer (GET /v1/chains). */
+export function txLink(list, chainId, hash) {
+  if (!hash) return "—";
+  const chain = list.find((c) => c.chainId === chainId);
+  const shown = h("code", {}, hash);
+  if (!chain || !chain.explorerTxUrl) return shown;
+  const href = chain.explorerTxUrl.replace("{txHash}", encodeURIComponent(hash));
+  return h("a", { href, target: "_blank", rel: "noopener noreferrer" }, shown);
 }
 
 export function chainName(list, chainId) {
