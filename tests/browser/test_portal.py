@@ -469,7 +469,8 @@ def test_a_failing_delivery_shows_its_attempts_and_replay_makes_it_succeed(
         for name, _, value in (line.partition(": ") for line in headers_shown.splitlines())
     }
     signed = {n.lower(): v for n, v in got.headers.items() if n.lower().startswith("x-service-")}
-    assert len(signed) == 4, got.headers  # signature, timestamp, event id, delivery id
+    # signature, timestamp, event id, delivery id, and x-service-test: 1 (a test event)
+    assert len(signed) == 5 and signed["x-service-test"] == "1", got.headers
     for name, value in signed.items():
         assert shown.get(name) == value, (name, value, shown)
     screenshot(page, "delivery")
