@@ -87,11 +87,13 @@ class ApiKey(IdentityBase):
 
 class Member(IdentityBase):
     __tablename__ = "members"
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "email", name="uq_members_tenant_email"),)
 
     id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id"), index=True)
-    #: Lower-cased; a person signs in to one tenant.
-    email: Mapped[str] = mapped_column(sa.String(320), unique=True)
+    #: Lower-cased; unique within the tenant (identity_0004): one tenant can neither
+    #: learn of nor squat another's member by adding their address.
+    email: Mapped[str] = mapped_column(sa.String(320), index=True)
     password_hash: Mapped[str] = mapped_column(sa.String(255))
     role: Mapped[str] = mapped_column(sa.String(20))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -221,7 +221,9 @@ def add_member(session: Session, tenant_id: str, email: str, role: str, password
         raise InvalidRequest("password must be at least 12 characters")
     if session.get(Tenant, tenant_id) is None:
         raise NotFound(f"no tenant {tenant_id}")
-    if session.execute(sa.select(Member.id).where(Member.email == email)).first():
+    # Within this tenant only: another tenant's members are not this tenant's business.
+    taken = sa.select(Member.id).where(Member.tenant_id == tenant_id, Member.email == email)
+    if session.execute(taken).first():
         raise Conflict(f"{email} is already a member")
     member = Member(
         id=new_id("mem"),
@@ -348,6 +350,7 @@ def sign_in(
     email: str,
     password: str,
     *,
+    tenant_id: str | None = None,
     code: str | None = None,
     box: SecretBox | None = None,
     now: datetime | None = None,
@@ -356,13 +359,41 @@ def sign_in(
     session. The same 401 for every wrong email or password; 401 `mfa_required` when
     the password is right and a code is needed but missing.
     """
-    member = session.execute(
-        sa.select(Member).where(Member.email == email.strip().lower())
-    ).scalar_one_or_none()
-    if not check_password(member.password_hash if member else None, password) or member is None:
-        raise SignInRefused("email or password is wrong", member, "wrong_password")
+    member = _member_signing_in(session, email.strip().lower(), password, tenant_id)
     factor = second_factor(session, member, code, box, now=now)
     return open_session(session, member, now=now, second_factor=factor)
+
+
+#: Members of one email checked at most (one person in more tenants than this signs in
+#: with `tenantId`): bounds the password checks a sign-in costs.
+MAX_MEMBERS_PER_EMAIL = 5
+
+
+def _member_signing_in(
+    session: Session, email: str, password: str, tenant_id: str | None
+) -> Member:
+    """The one member this email and password open, in `tenant_id` when given.
+
+    An email is unique per tenant, so one person may be a member of several tenants. Each
+    candidate's password is checked; when two or more match, the caller must say which
+    tenant (400 naming `tenantId`, told only to whoever knows such a password). Refusals
+    name the member only when there was one candidate (for that tenant's audit log).
+    """
+    query = sa.select(Member).where(Member.email == email).order_by(Member.id)
+    if tenant_id is not None:
+        query = query.where(Member.tenant_id == tenant_id)
+    candidates = list(session.execute(query.limit(MAX_MEMBERS_PER_EMAIL)).scalars())
+    if not candidates:
+        check_password(None, password)  # the same time as a wrong password
+    matching = [m for m in candidates if check_password(m.password_hash, password)]
+    if not matching:
+        only = candidates[0] if len(candidates) == 1 else None
+        raise SignInRefused("email or password is wrong", only, "wrong_password")
+    if len(matching) > 1:
+        raise field_error(
+            "tenantId", "this email and password are a member of several tenants: say which"
+        )
+    return matching[0]
 
 
 def second_factor(

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from playwright.sync_api import expect
 
+from shared.identity import service as identity
 from shared.identity.models import PortalSession
 from shared.timefmt import utcnow
 from tests.browser.conftest import Portal, loaded, screenshot, sign_in
@@ -246,3 +247,21 @@ def test_the_api_reference_renders_under_its_content_security_policy(page: Any) 
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("Settle")
     expect(page.locator(".opblock").first).to_be_visible()
     assert violations == []
+
+
+def test_one_email_in_two_tenants_signs_in_with_the_tenants_id(page: Any, portal: Portal) -> None:
+    # Given one person, with one email and password, a member of two tenants
+    email = new_member(portal, "developer")
+    with portal.db.transaction() as session:
+        other, _ = identity.create_tenant(session, f"Other {uuid.uuid4().hex[:8]}")
+        identity.add_member(session, other.id, email, "developer", PASSWORD)
+    # When they sign in, the portal asks which tenant
+    fill_sign_in(page, email)
+    page.get_by_label("Tenant ID").wait_for()
+    expect(page.get_by_role("alert")).to_contain_text("member of several tenants")
+    # Then with this tenant's id they are signed in to it
+    page.get_by_label("Tenant ID").fill(portal.tenant_id)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Sign out").wait_for()
+    loaded(page)
+    sign_out(page)

@@ -192,6 +192,55 @@ def test_an_admin_adds_a_member_who_signs_in(core_app: Flask, tenant: TenantKeys
     assert_error(again, 409, "conflict")
 
 
+def _add_member(core_app: Flask, owner: SignedIn, email: str, password: str) -> Any:
+    return owner.client(core_app).post(
+        "/v1/members",
+        json={"email": email, "role": "developer", "password": password},
+        headers=owner.headers,
+    )
+
+
+def test_a_members_email_is_unique_within_its_tenant_only(
+    core_app: Flask, tenant: TenantKeys, other_tenant: TenantKeys
+) -> None:
+    email = f"shared-{uuid.uuid4().hex[:8]}@example.com"
+    ours, theirs = tenant.signed_in("owner"), other_tenant.signed_in("owner")
+    # Given a member of another tenant with this email
+    ok(_add_member(core_app, theirs, email, PASSWORD))
+    # When our tenant adds the same address (another person's account, their password)
+    other_password = "another long password 42"
+    added = _add_member(core_app, ours, email, other_password)
+    # Then it is ours to add: no 409 telling us the address is someone's elsewhere
+    assert added.status_code == 200, added.get_json()
+    sign_in = core_app.test_client().post
+    # And each password opens its own tenant's membership
+    mine = ok(sign_in("/v1/sessions", json={"email": email, "password": other_password}))
+    assert mine["session"]["tenantId"] == tenant.tenant_id
+    first = ok(sign_in("/v1/sessions", json={"email": email, "password": PASSWORD}))
+    assert first["session"]["tenantId"] == other_tenant.tenant_id
+    # And the same address twice in one tenant stays a conflict
+    assert_error(_add_member(core_app, ours, email, PASSWORD), 409, "conflict")
+
+
+def test_one_person_in_two_tenants_says_which_at_sign_in(
+    core_app: Flask, tenant: TenantKeys, other_tenant: TenantKeys
+) -> None:
+    email = f"both-{uuid.uuid4().hex[:8]}@example.com"
+    for keys in (tenant, other_tenant):
+        ok(_add_member(core_app, keys.signed_in("owner"), email, PASSWORD))
+    sign_in = core_app.test_client().post
+    # Without tenantId, the right password matches two memberships: 400 naming the field
+    ambiguous = sign_in("/v1/sessions", json={"email": email, "password": PASSWORD})
+    assert_error(ambiguous, 400, "invalid_request")
+    assert "tenantId" in ambiguous.get_json()["details"]["fields"]
+    # With it, that tenant's membership; a wrong password stays the plain 401
+    for keys in (tenant, other_tenant):
+        body = {"email": email, "password": PASSWORD, "tenantId": keys.tenant_id}
+        assert ok(sign_in("/v1/sessions", json=body))["session"]["tenantId"] == keys.tenant_id
+    wrong = {"email": email, "password": "not the password at all", "tenantId": tenant.tenant_id}
+    assert_error(sign_in("/v1/sessions", json=wrong), 401, "unauthorized")
+
+
 def test_an_admin_neither_makes_nor_touches_an_owner(core_app: Flask, tenant: TenantKeys) -> None:
     admin, owner = tenant.signed_in("admin"), tenant.signed_in("owner")
     client = admin.client(core_app)

@@ -72,6 +72,15 @@ class SignInSchema(Schema):
         "app, or one of their recovery codes (each works once). Without it such a "
         "member's right password answers 401 `mfa_required`."
     )
+    tenantId = ma.fields.String(
+        validate=[ma.validate.Length(min=1, max=40), printable],
+        metadata={
+            "description": "Only for a person who is a member of several tenants with one "
+            "email and password: which tenant to sign in to (without it such a sign-in "
+            "answers 400 naming `tenantId`).",
+            "example": "ten_01J9Z3V8J5X2Q4N6M8P0R2S4T6",
+        },
+    )
 
 
 class StepUpSchema(Schema):
@@ -186,13 +195,16 @@ class Sessions(MethodView):
         count as failed sign-ins (throttled alike); a code works once.
         """
         email, password, code = args["email"], args["password"], args.get("code")
+        tenant_id = args.get("tenantId")
         box = mfa.secret_box(core().config.secret_key)
         log = auth.identity_db()
 
         def check() -> tuple[dict[str, Any], service.IssuedSession]:
             try:
                 with log.transaction() as session:
-                    issued = service.sign_in(session, email, password, code=code, box=box)
+                    issued = service.sign_in(
+                        session, email, password, tenant_id=tenant_id, code=code, box=box
+                    )
                     member = issued.member
                     assert member is not None
                     after = {"sessionId": issued.record.id, "secondFactor": issued.second_factor}

@@ -24,13 +24,22 @@ export function page(signedIn) {
     "The 6-digit code your authenticator app shows, or one of your recovery codes.",
   );
   codeField.hidden = true;
+  // Only for one person who is a member of several tenants with one email and password.
+  const tenant = input({ name: "tenantId", spellcheck: false });
+  const tenantField = field(
+    "Tenant ID",
+    tenant,
+    "You are a member of several tenants with this email: the ID of the one to sign in to.",
+  );
+  tenantField.hidden = true;
   const signInForm = form(
     "Sign in",
-    [field("Email", email), field("Password", password), codeField],
+    [field("Email", email), field("Password", password), tenantField, codeField],
     "Sign in",
     async () => {
       const body = { email: email.value.trim(), password: password.value };
       if (!codeField.hidden && code.value.trim()) body.code = code.value.trim();
+      if (!tenantField.hidden && tenant.value.trim()) body.tenantId = tenant.value.trim();
       let answer;
       try {
         answer = await api("POST", "/v1/sessions", body);
@@ -40,6 +49,12 @@ export function page(signedIn) {
           codeField.hidden = false;
           code.focus();
           throw new Error("Enter the code from your authenticator app (or a recovery code).");
+        }
+        const fields = (err.details && err.details.fields) || {};
+        if (err.status === 400 && "tenantId" in fields) {
+          tenantField.hidden = false;
+          tenant.focus();
+          throw new Error("This email is a member of several tenants: enter the tenant's ID.");
         }
         code.value = "";
         if (err.status === 401 && !codeField.hidden) {
