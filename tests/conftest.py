@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,3 +191,36 @@ def browser() -> Iterator[Any]:
         )
         yield launched
         launched.close()
+
+
+#: Threads of core's deposit pipeline (services/core/deposits/worker.py names them).
+PIPELINE_THREADS = ("deposit-settlement", "watcher-")
+
+
+@pytest.fixture(autouse=True)
+def no_pipeline_outlives_its_test() -> Iterator[None]:
+    """Stop a deposit pipeline a test left running, and say which test left it.
+
+    A test that fails before stopping its in-process pipeline (`worker.run`) leaves its
+    settlement loop on the session's database: every later test's deposits were then
+    settled by it, with the wrong chains and prices (a cascade of unrelated failures in
+    a full run, none alone). Its threads hold the run's stop event among their args.
+    """
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    leaked = [
+        t
+        for t in threading.enumerate()
+        if t.ident not in before and t.is_alive() and t.name.startswith(PIPELINE_THREADS)
+    ]
+    for thread in leaked:
+        for arg in getattr(thread, "_args", ()):
+            if isinstance(arg, threading.Event):
+                arg.set()
+    for thread in leaked:
+        thread.join(15)
+    if leaked:
+        warnings.warn(
+            f"a deposit pipeline outlived its test (stopped now): {[t.name for t in leaked]}",
+            stacklevel=1,
+        )

@@ -218,13 +218,15 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
 
     # Given a running worker that credits two deposits
     worker = start()
-    send(rig, 5 * USDC)
-    send(rig, 6 * USDC)
-    rig.evm.mine(3)
-    wait_for(2, states.CREDITED)
-    # When it stops between blocks, and three transfers land while it is down
-    worker.stop.set()
-    worker.thread.join(10)
+    try:
+        send(rig, 5 * USDC)
+        send(rig, 6 * USDC)
+        rig.evm.mine(3)
+        wait_for(2, states.CREDITED)
+    finally:
+        # When it stops between blocks, and three transfers land while it is down
+        worker.stop.set()
+        worker.thread.join(10)
     assert not worker.thread.is_alive()
     send(rig, 7 * USDC)
     send(rig, 8 * USDC)
