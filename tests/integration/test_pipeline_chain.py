@@ -183,12 +183,14 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
     settings = PipelineSettings(watcher_poll_s=0.01, poll_s=0.01, sandbox_block_s=0)
     set_fee(pg_db, rig.chain_id, "0.10")
 
-    def pipeline() -> Pipeline:
+    def pipeline(start_block: int | None = None) -> Pipeline:
         # A new watcher object each time, as a new process would have: only the
         # persisted cursor connects the two runs.
         chain = rig.registry.get(rig.chain_id)
         assert chain is not None
-        watcher = ChainWatcher(rig.parts.detection, chain, rig.evm.reader(), lag_blocks=0)
+        watcher = ChainWatcher(
+            rig.parts.detection, chain, rig.evm.reader(), lag_blocks=0, start_block=start_block
+        )
         return Pipeline(
             settling=rig.parts.settling,
             sandbox=SandboxConfirmer(rig.parts.detection, SandboxChain(0)),
@@ -201,9 +203,9 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
         stop: threading.Event
         thread: threading.Thread
 
-    def start() -> Worker:
+    def start(start_block: int | None = None) -> Worker:
         stop = threading.Event()
-        thread = threading.Thread(target=run, args=(pipeline(), stop), daemon=True)
+        thread = threading.Thread(target=run, args=(pipeline(start_block), stop), daemon=True)
         thread.start()
         return Worker(stop, thread)
 
@@ -216,8 +218,10 @@ def test_worker_restart_between_blocks_misses_nothing_and_counts_nothing_twice(
                 rig.evm.mine()  # payouts count at the destination chain's depth
         raise AssertionError([d.status for d in deposits_of(pg_db, rig.account)])
 
-    # Given a running worker that credits two deposits
-    worker = start()
+    # Given a running worker that credits two deposits (the first run watches from the
+    # next block: a thread slow to start would otherwise begin at a head already past
+    # the transfers, as a fresh deployment does)
+    worker = start(rig.evm.head() + 1)
     try:
         send(rig, 5 * USDC)
         send(rig, 6 * USDC)

@@ -49,6 +49,8 @@ ENDPOINTS_PER_TENANT = 2
 RATE = 20
 #: Seconds of steady traffic before and after each switch.
 PHASE_S = 6.0
+#: At most this long for the stream to move on after a switch, before the next one.
+MOVE_ON_S = 60.0
 #: Longest wait for the last deliveries once the traffic stops.
 DRAIN_S = 120
 
@@ -129,11 +131,20 @@ def test_a_node_loss_and_a_database_failover_lose_nothing() -> None:
             thread = threading.Thread(target=emitter.run, daemon=True)
             thread.start()
             switches: dict[str, tuple[float, float]] = {}  # name -> (wall time, seconds)
+
+            def moved_on(since: float) -> bool:
+                """An event committed after `since` reached an endpoint."""
+                late = {i for i, (_, at) in dict(emitter.acked).items() if at > since}
+                return any(json.loads(hit.body)["id"] in late for hit in rx.hits())
+
             try:
                 time.sleep(PHASE_S)
                 at = time.time()
                 switches["RabbitMQ node 0 stopped"] = (at, rabbit.stop(0))
                 time.sleep(PHASE_S)
+                # The stream must move on without node 0 (a bounded wait, not a timing:
+                # on a busy machine the reconnection may take longer than a phase)
+                wait_until(lambda: moved_on(at), MOVE_ON_S, "deliveries without node 0")
                 at = time.time()
                 promoted = pg.promote_standby()
                 stopped = pg.stop("primary")
@@ -142,6 +153,7 @@ def test_a_node_loss_and_a_database_failover_lose_nothing() -> None:
                     promoted + stopped,
                 )
                 time.sleep(PHASE_S)
+                wait_until(lambda: moved_on(at), MOVE_ON_S, "deliveries on the promoted database")
                 at = time.time()
                 switches["RabbitMQ node 0 back"] = (at, rabbit.start(0))
                 assert len(rabbit.running_nodes(1)) == 3
