@@ -3,7 +3,7 @@
 Every statement is compiled once per database and runs on the fast executor
 (`shared.db.Database.driver_autocommit`: psycopg directly, no SQLAlchemy layers per
 statement; see DriverStatement). An attempt makes two round trips: the claim (one
-autocommitted UPDATE ... FROM ... RETURNING that takes the lease and reads the event
+autocommitted UPDATE ... RETURNING in a CTE that takes the lease, read with the event
 and the endpoint, committed before the HTTP request), then one autocommitted
 statement recording the attempt and the delivery's new state together (a CTE). Only
 when the endpoint's failure streak changes do the record and the streak updates run
@@ -106,7 +106,7 @@ class Recorded:
     recovered: FailureRun | None = None
 
 
-def _claim_statement() -> sa.Update:
+def _claim_statement() -> sa.Select[Any]:
     """Take the lease and the next attempt number of a due, unfinished, unleased delivery;
     read all an attempt needs.
 
@@ -114,9 +114,20 @@ def _claim_statement() -> sa.Update:
     one that takes the delivery over never share a number, and both count toward the
     retry schedule. Zero rows means someone else holds it, it is done, it is not due, or
     (ordered) it is not its turn yet (ordering.may_start).
+
+    The UPDATE touches the delivery row alone (found by its key); the event and the
+    endpoint are read after it, by their keys, from the one row it returns. Joined into
+    the UPDATE itself, the planner hashed whole partitions of events for each claim
+    (their statistics lag new partitions): PostgreSQL's cost per delivery grew with
+    the table (docs/PERFORMANCE.md, "the claim").
     """
     now = sa.bindparam("now")
-    return (
+    event_received_at = (
+        sa.select(StoredEventId.received_at)
+        .where(StoredEventId.id == Delivery.event_id)
+        .scalar_subquery()
+    )
+    claimed = (
         sa.update(Delivery)
         .where(
             Delivery.id == sa.bindparam("delivery_id"),
@@ -127,13 +138,10 @@ def _claim_statement() -> sa.Update:
                 Delivery.next_attempt_at.is_(None),
                 Delivery.next_attempt_at <= sa.bindparam("due_by"),
             ),
-            # Through the event's id row: its received_at names the one partition of
-            # notifier_events to read (pruned at run time, not a probe of each).
-            StoredEventId.id == Delivery.event_id,
-            StoredEvent.id == StoredEventId.id,
-            StoredEvent.received_at == StoredEventId.received_at,
-            Endpoint.id == Delivery.endpoint_id,
-            ordering.may_start(StoredEvent.received_at),
+            # Its event is stored (a lease taken on a delivery whose event is gone
+            # would return nothing and hold the delivery for a lease's length).
+            sa.exists().where(StoredEventId.id == Delivery.event_id),
+            ordering.may_start(event_received_at),
         )
         .values(lease_until=sa.bindparam("lease"), attempt_count=Delivery.attempt_count + 1)
         .returning(
@@ -141,6 +149,17 @@ def _claim_statement() -> sa.Update:
             Delivery.event_id,
             Delivery.endpoint_id,
             Delivery.tenant_id,
+            Delivery.order_key,
+            Delivery.order_seq,
+        )
+        .cte("claimed")
+    )
+    return (
+        sa.select(
+            claimed.c.attempt_count,
+            claimed.c.event_id,
+            claimed.c.endpoint_id,
+            claimed.c.tenant_id,
             StoredEvent.body,
             StoredEvent.created_at,
             Endpoint.url,
@@ -153,9 +172,21 @@ def _claim_statement() -> sa.Update:
             Endpoint.rate_limit_per_second,
             StoredEvent.request_id,
             Endpoint.signature_scheme,
-            Delivery.order_key,
-            Delivery.order_seq,
+            claimed.c.order_key,
+            claimed.c.order_seq,
         )
+        .select_from(claimed)
+        # Through the event's id row: its received_at names the one partition of
+        # notifier_events to read (pruned at run time, not a probe of each).
+        .join(StoredEventId, StoredEventId.id == claimed.c.event_id)
+        .join(
+            StoredEvent,
+            sa.and_(
+                StoredEvent.id == StoredEventId.id,
+                StoredEvent.received_at == StoredEventId.received_at,
+            ),
+        )
+        .join(Endpoint, Endpoint.id == claimed.c.endpoint_id)
     )
 
 

@@ -75,7 +75,7 @@ def _arrived_before(delivery: Any) -> sa.ColumnElement[bool]:
 
 
 def may_start(event_received_at: Any) -> sa.ColumnElement[bool]:
-    """The claim's condition on a Delivery joined to its event (`event_received_at`): an
+    """The claim's condition on a Delivery whose event arrived at `event_received_at`: an
     unordered delivery always; an ordered one by rules 1 and 2 (bind `gap_cutoff`: when
     an event must have arrived for its delivery to go without the events before it)."""
     return sa.or_(
