@@ -14,7 +14,6 @@ from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
-from flask import g, has_request_context
 from sqlalchemy.orm import Session
 
 from services.core import event_sequences
@@ -22,7 +21,7 @@ from services.core.models import DEPOSIT_STATUS_EVENT_TYPES, OutboxDurableId, Ou
 from services.core.outbox_wakeup import NOTIFY_CHANNEL, request_wakeup
 from shared import events, logs
 from shared.db import Database, database_of, execute_json_rows, json_rows_insert
-from shared.identity.models import Tenant
+from shared.identity.sandbox import caller_is_sandbox, sandbox_tenants
 from shared.timefmt import parse_iso, utcnow
 
 __all__ = ["NOTIFY_CHANNEL", "emit", "emit_many"]
@@ -95,7 +94,7 @@ def event_row(
     outside a request).
     """
     if livemode is None:
-        livemode = not _caller_is_sandbox(tenant_id)
+        livemode = not caller_is_sandbox(tenant_id)
     envelope = events.envelope(
         event_type,
         tenant_id,
@@ -260,26 +259,3 @@ def _numbered_rows(
             following[account] += 1
         rows.append(row_of(envelope))
     return rows
-
-
-def _caller_is_sandbox(tenant_id: str) -> bool:
-    """Whether the request being served is a sandbox tenant's (False outside one)."""
-    if not has_request_context():
-        return False
-    principal = g.get("principal")
-    return principal is not None and principal.tenant_id == tenant_id and principal.sandbox
-
-
-def sandbox_tenants(session: Session, tenant_ids: set[str]) -> set[str]:
-    """Which of these tenants are sandbox tenants: every event of theirs is a test
-    (`livemode: false`). The request's caller answers for its own tenant; the others
-    are read from identity's table (core's database)."""
-    if len(tenant_ids) == 1 and has_request_context():
-        (tenant_id,) = tenant_ids
-        principal = g.get("principal")
-        if principal is not None and principal.tenant_id == tenant_id:
-            return {tenant_id} if principal.sandbox else set()
-    found = session.scalars(
-        sa.select(Tenant.id).where(Tenant.id.in_(sorted(tenant_ids)), Tenant.sandbox.is_(True))
-    )
-    return set(found)

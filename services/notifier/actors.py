@@ -60,6 +60,7 @@ from services.notifier.secrets import SecretDecryptError
 from services.notifier.sender import SendResult
 from services.notifier.webhook_endpoints import ENDPOINT_DELETED
 from shared import failover, logs, signing
+from shared.db import Database
 from shared.timefmt import utcnow
 
 log = logging.getLogger(__name__)
@@ -167,9 +168,13 @@ class Deliverer:
         limiter: EndpointLimiter,
         breakers: CircuitBreakers,
         tuning: DeliveryTuning,
+        identity: Database,
     ) -> None:
         self.config = config
         self.store = store
+        #: Where the tenants' sandbox flags are read, for the operational events' livemode
+        #: (the store's database itself when identity lives there).
+        self.identity = identity
         self.sender = sender
         self.secrets = secrets
         self.dispatch = dispatch
@@ -577,21 +582,27 @@ class Deliverer:
             self._tell(
                 claim.endpoint_id,
                 "is failing",
-                lambda s, e: operational_events.endpoint_failing(s, e, failing, seen, now),
+                lambda s, e: operational_events.endpoint_failing(
+                    s, e, failing, seen, now, identity=self.identity
+                ),
             )
         if recorded.disabled:
             self.metrics.endpoints_disabled.labels(DISABLED_FAILING).inc()
             self._tell(
                 claim.endpoint_id,
                 "was disabled",
-                lambda s, e: operational_events.endpoint_disabled(s, e, now),
+                lambda s, e: operational_events.endpoint_disabled(
+                    s, e, now, identity=self.identity
+                ),
             )
         recovered = recorded.recovered
         if recovered is not None:
             self._tell(
                 claim.endpoint_id,
                 "recovered",
-                lambda s, e: operational_events.endpoint_recovered(s, e, recovered, now),
+                lambda s, e: operational_events.endpoint_recovered(
+                    s, e, recovered, now, identity=self.identity
+                ),
             )
 
     def _tell_exhausted(self, claim: Claim) -> None:
@@ -601,7 +612,7 @@ class Deliverer:
             claim.endpoint_id,
             f"gave up delivery {claim.delivery_id}",
             lambda s, _: operational_events.delivery_exhausted(
-                s, s.get_one(Delivery, claim.delivery_id), now
+                s, s.get_one(Delivery, claim.delivery_id), now, identity=self.identity
             ),
         )
 

@@ -162,6 +162,7 @@ def build_engine(
             max_cooldown_s=config.breaker_max_cooldown_s,
         ),
         tuning=settings.tuning,
+        identity=ctx.identity_db,
     )
     actors = DeliveryActors(queues, deliverer)
     return DeliveryEngine(ctx, settings, broker, queues, actors, deliverer, metrics)

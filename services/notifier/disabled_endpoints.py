@@ -22,18 +22,22 @@ from sqlalchemy.orm import Session
 
 from services.notifier import operational_events
 from services.notifier.models import DISABLED, ENABLED, PENDING, SKIPPED, Delivery, Endpoint
+from shared.db import Database
 
 #: Most skipped deliveries handed to the workers at once when an endpoint is enabled
 #: again; the rest are due too, and the sweeper sends them.
 MAX_RESUMED_AT_ONCE = 1000
 
 
-def status_changed(session: Session, endpoint: Endpoint, was: str, now: datetime) -> list[str]:
-    """What follows a status change from `was`: the ids of deliveries to hand off."""
+def status_changed(
+    session: Session, endpoint: Endpoint, was: str, now: datetime, *, identity: Database
+) -> list[str]:
+    """What follows a status change from `was`: the ids of deliveries to hand off
+    (`identity`: where the tenant's sandbox flag is read, operational_events.tell)."""
     if was == DISABLED and endpoint.status == ENABLED:
         return resume(session, endpoint, now)
     if was == ENABLED and endpoint.status == DISABLED:
-        return notice(session, endpoint, now)
+        return notice(session, endpoint, now, identity=identity)
     return []
 
 
@@ -51,6 +55,6 @@ def resume(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
     return sorted(ids)[:MAX_RESUMED_AT_ONCE]
 
 
-def notice(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
+def notice(session: Session, endpoint: Endpoint, now: datetime, *, identity: Database) -> list[str]:
     """`webhook.endpoint_disabled` for the tenant's other subscribed, enabled endpoints."""
-    return operational_events.endpoint_disabled(session, endpoint, now)
+    return operational_events.endpoint_disabled(session, endpoint, now, identity=identity)

@@ -13,7 +13,8 @@
 Each is an event the notifier stores itself (like `webhook.test`) and fans out to the
 tenant's other enabled endpoints subscribed to its type, never to the endpoint it is
 about (`tell`). The callers hand the returned delivery ids to the workers once the
-transaction commits.
+transaction commits. A sandbox tenant's are tests like its other events (`livemode:
+false`): `tell` asks identity (`identity`, the notifier's read access to it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from services.notifier.api.schemas import (
 from services.notifier.delivery_store import FailureRun
 from services.notifier.models import Delivery, Endpoint
 from shared import events
+from shared.db import Database
+from shared.identity.sandbox import is_sandbox
 from shared.timefmt import iso_ms
 
 
@@ -50,11 +53,20 @@ class AttemptSeen:
 
 
 def tell(
-    session: Session, endpoint: Endpoint, event_type: str, data: dict[str, Any], now: datetime
+    session: Session,
+    endpoint: Endpoint,
+    event_type: str,
+    data: dict[str, Any],
+    now: datetime,
+    *,
+    identity: Database,
 ) -> list[str]:
     """Store an operational event about `endpoint` and make its deliveries to the tenant's
     other enabled endpoints subscribed to `event_type`; returns their ids."""
-    envelope = events.envelope(event_type, endpoint.tenant_id, data, created_at=now)
+    livemode = not is_sandbox(identity, endpoint.tenant_id, within=session)
+    envelope = events.envelope(
+        event_type, endpoint.tenant_id, data, created_at=now, livemode=livemode
+    )
     event = deliveries.store_event(session, events.encode(envelope), now=now)
     assert event is not None  # a fresh id cannot collide
     others = session.scalars(
@@ -82,13 +94,21 @@ def _run(run: FailureRun) -> dict[str, Any]:
     return {"failingSince": iso_ms(run.failing_since), "failedAttempts": run.failed_attempts}
 
 
-def endpoint_disabled(session: Session, endpoint: Endpoint, now: datetime) -> list[str]:
+def endpoint_disabled(
+    session: Session, endpoint: Endpoint, now: datetime, *, identity: Database
+) -> list[str]:
     data = {"webhookEndpoint": _served(endpoint, now), "reason": endpoint.disabled_reason}
-    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_DISABLED, data, now)
+    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_DISABLED, data, now, identity=identity)
 
 
 def endpoint_failing(
-    session: Session, endpoint: Endpoint, run: FailureRun, last: AttemptSeen, now: datetime
+    session: Session,
+    endpoint: Endpoint,
+    run: FailureRun,
+    last: AttemptSeen,
+    now: datetime,
+    *,
+    identity: Database,
 ) -> list[str]:
     data = {
         "webhookEndpoint": _served(endpoint, now),
@@ -101,17 +121,19 @@ def endpoint_failing(
             "error": last.error,
         },
     }
-    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_FAILING, data, now)
+    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_FAILING, data, now, identity=identity)
 
 
 def endpoint_recovered(
-    session: Session, endpoint: Endpoint, run: FailureRun, now: datetime
+    session: Session, endpoint: Endpoint, run: FailureRun, now: datetime, *, identity: Database
 ) -> list[str]:
     data = {"webhookEndpoint": _served(endpoint, now), **_run(run), "recoveredAt": iso_ms(now)}
-    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_RECOVERED, data, now)
+    return tell(session, endpoint, events.WEBHOOK_ENDPOINT_RECOVERED, data, now, identity=identity)
 
 
-def delivery_exhausted(session: Session, delivery: Delivery, now: datetime) -> list[str]:
+def delivery_exhausted(
+    session: Session, delivery: Delivery, now: datetime, *, identity: Database
+) -> list[str]:
     """Nothing for a delivery of an operational event (see the module's docstring)."""
     if delivery.event_type in events.OPERATIONAL_EVENT_TYPES:
         return []
@@ -120,4 +142,4 @@ def delivery_exhausted(session: Session, delivery: Delivery, now: datetime) -> l
         "webhookEndpoint": _served(endpoint, now),
         "webhookDelivery": DeliverySchema().dump(delivery_out(delivery)),
     }
-    return tell(session, endpoint, events.WEBHOOK_DELIVERY_EXHAUSTED, data, now)
+    return tell(session, endpoint, events.WEBHOOK_DELIVERY_EXHAUSTED, data, now, identity=identity)

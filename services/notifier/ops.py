@@ -153,7 +153,9 @@ def _set_status(status: str) -> Callable[[NotifierContext, argparse.Namespace], 
             was, before = endpoint.status, webhook_endpoints.audited(endpoint)
             webhook_endpoints.set_status(endpoint, status)
             endpoint.updated_at = now
-            to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
+            to_send = disabled_endpoints.status_changed(
+                session, endpoint, was, now, identity=ctx.identity_db
+            )
             after = webhook_endpoints.audited(endpoint)
             change = Change(
                 "webhook_endpoint.updated", "webhook_endpoint", endpoint.id, before, after

@@ -9,7 +9,9 @@ would leave them (the engine itself is tested elsewhere).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -23,9 +25,10 @@ from services.notifier.config import NotifierConfig
 from services.notifier.consumer import store_events
 from services.notifier.context import NotifierContext
 from services.notifier.models import Attempt, Delivery, Endpoint, StoredEvent
-from shared import events
+from shared import components, events, migrate
 from shared.db import Database
 from tests.conftest import TenantKeys
+from tests.support.services import create_database, drop_database
 
 #: Secret key the test notifier encrypts endpoint secrets with.
 TEST_SECRET_KEY = "notifier-test-secret-key"
@@ -85,6 +88,23 @@ def dev_notifier_client_fixture(notifier_context: NotifierContext) -> FlaskClien
     app = create_app(context=context)
     app.testing = True
     return app.test_client()
+
+
+@contextmanager
+def own_database_notifier(identity_url: str, identity: Database) -> Iterator[NotifierContext]:
+    """A notifier whose database is its own, not identity's (production's layout:
+    DESIGN.md); its database is dropped afterwards."""
+    name = f"settle_test_notifier_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    own = Database(url, pool_size=2)
+    try:
+        migrate.upgrade(components.NOTIFIER, url)
+        yield NotifierContext.build(
+            notifier_config(url, identity_database_url=identity_url), db=own, identity_db=identity
+        )
+    finally:
+        own.dispose()
+        drop_database(name)
 
 
 @pytest.fixture(name="enqueued")

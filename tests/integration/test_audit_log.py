@@ -24,7 +24,6 @@ from flask.testing import FlaskClient
 from services.core.context import CoreContext
 from services.core.deposits import cli as deposits_cli
 from services.core.deposits.settings import PipelineSettings
-from services.notifier.context import NotifierContext
 from shared import components, migrate
 from shared.audit import chain
 from shared.audit.log import MEMBER, Actor, Change, record_alone, verify
@@ -544,16 +543,9 @@ def test_a_notifier_with_its_own_database_writes_the_log_in_identity(
 ) -> None:
     # Given a notifier whose database is not the identity database
     from services.notifier.app import create_app
-    from tests.integration.notifier_fixtures import notifier_config
+    from tests.integration.notifier_fixtures import own_database_notifier
 
-    name = f"settle_test_notifier_{uuid.uuid4().hex[:8]}"
-    url = create_database(name)
-    own = Database(url, pool_size=2)
-    try:
-        migrate.upgrade(components.NOTIFIER, url)
-        context = NotifierContext.build(
-            notifier_config(url, identity_database_url=pg_url), db=own, identity_db=pg_db
-        )
+    with own_database_notifier(pg_url, pg_db) as context:
         app = create_app(context=context)
         # When it registers an endpoint
         made = app.test_client().post(
@@ -568,11 +560,8 @@ def test_a_notifier_with_its_own_database_writes_the_log_in_identity(
                 sa.select(AuditEvent.action).where(AuditEvent.tenant_id == tenant.tenant_id)
             ).all()
         assert actions == ["webhook_endpoint.created"]
-        with own.reader() as session:
+        with context.db.reader() as session:
             assert session.scalar(sa.text("SELECT to_regclass('audit_events')")) is None
-    finally:
-        own.dispose()
-        drop_database(name)
 
 
 def test_sign_in_failures_of_unknown_emails_are_not_recorded(

@@ -170,3 +170,34 @@ def test_a_notice_that_gives_up_is_not_told_again(pipeline: Pipeline, rx: Receiv
     assert stored[EXHAUSTED] == 1
     (notice,) = [b for b in _bodies(rx, "/b") if b["type"] == EXHAUSTED][:1]
     assert notice["data"]["webhookEndpoint"]["id"] == a_id
+
+
+def test_a_sandbox_tenants_operational_events_are_not_livemode(
+    pipeline: Pipeline, rx: Receiver
+) -> None:
+    # Given a sandbox tenant and a live one, each with a ledger that fails every attempt
+    # and an ops endpoint subscribed to the operational events
+    tenants = {
+        "sandbox": make_tenant(pipeline.db, sandbox=True).tenant_id,
+        "live": make_tenant(pipeline.db).tenant_id,
+    }
+    for kind, tenant_id in tenants.items():
+        rx.script(f"/{kind}/ledger", Answer.fail(503))
+        pipeline.endpoint(tenant_id, rx.url(f"/{kind}/ledger"), [events.DEPOSIT_CREDITED])
+        pipeline.endpoint(tenant_id, rx.url(f"/{kind}/ops"), OPERATIONAL)
+    # When a delivery to each ledger gives up, and each ledger answers again after
+    for kind, tenant_id in tenants.items():
+        first = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+        pipeline.wait_status(first["id"], FAILED, timeout=20)
+        assert rx.wait_for(lambda r, k=kind: _types(r, f"/{k}/ops")[EXHAUSTED] == 1, 20)
+        rx.script(f"/{kind}/ledger", Answer.ok())
+        second = pipeline.emit(tenant_id, events.DEPOSIT_CREDITED, _deposit())
+        pipeline.wait_status(second["id"], SUCCEEDED, timeout=20)
+        assert rx.wait_for(lambda r, k=kind: _types(r, f"/{k}/ops")[RECOVERED] == 1, 20)
+    # Then every operational event of the sandbox tenant (failing, exhausted, recovered:
+    # the worker's) says livemode false, as its deposit events do; the live tenant's true
+    for kind, livemode in (("sandbox", False), ("live", True)):
+        told = _bodies(rx, f"/{kind}/ops")
+        assert Counter(b["type"] for b in told) == Counter({FAILING: 1, EXHAUSTED: 1, RECOVERED: 1})
+        assert {b["livemode"] for b in told} == {livemode}
+        assert {json.loads(h.body)["livemode"] for h in rx.hits(f"/{kind}/ledger")} == {livemode}

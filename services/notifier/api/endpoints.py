@@ -147,7 +147,9 @@ class WebhookEndpoint(MethodView):
                 allow_private=ctx.config.allow_private,
                 now=now,
             )
-            to_send = disabled_endpoints.status_changed(session, endpoint, was, now)
+            to_send = disabled_endpoints.status_changed(
+                session, endpoint, was, now, identity=ctx.identity_db
+            )
             after = webhook_endpoints.audited(endpoint)
             record_request(
                 session,
