@@ -35,7 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests
 import sqlalchemy as sa
 
-from bench.harness import ROOT, drop_database, free_port, fresh_database, machine
+from bench.harness import (
+    ROOT,
+    drop_database,
+    free_port,
+    fresh_database,
+    machine,
+    steady_state_partitions,
+)
 from services.core import outbox
 from services.core.models import OutboxEvent
 from services.notifier import webhook_endpoints as endpoint_domain
@@ -302,6 +309,12 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="events/s in the latency run")
     parser.add_argument("--duration", type=float, default=None, help="seconds of the latency run")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="only a fresh database's partitions (default: a year-old database's, see "
+        "bench.harness.steady_state_partitions)",
+    )
     args = parser.parse_args()
     n_events = args.events or (600 if args.quick else 5000)
     duration = args.duration or (5.0 if args.quick else 20.0)
@@ -310,6 +323,7 @@ def main() -> int:
     # other's database mid-run.
     database = f"settle_bench_webhooks_{os.getpid()}"
     url = fresh_database(database)
+    partition_count = None if args.fresh else steady_state_partitions(url)
     db = Database(url, pool_size=6)
     names = BusNames(unique_prefix().replace("test-", "bench-"))
     rx = ReceiverProcess()
@@ -344,6 +358,7 @@ def main() -> int:
         "machine": machine(),
         "threads": args.threads,
         "worker_processes": args.worker_processes,
+        "partitions": partition_count,
     }
     procs = SettleProcesses(env, data_dir)
     worker_metrics_port = free_port()
@@ -374,6 +389,14 @@ def main() -> int:
             wait_received(rx, set(warm), 60)
 
             print(f"Webhook delivery on {machine()}")
+            print(
+                "  database:       "
+                + (
+                    "fresh (5 partitions a table)"
+                    if partition_count is None
+                    else f"{partition_count} partitions (a year-old database's: --fresh for none)"
+                )
+            )
             pids = {p.name: p.proc.pid for p in started if p.proc is not None}
             pids["receiver"] = rx.proc.pid
             cpu_before = cpu_seconds(database, pids)

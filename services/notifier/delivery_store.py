@@ -2,10 +2,12 @@
 
 Every statement is compiled once per database and runs on the fast executor
 (`shared.db.Database.driver_autocommit`: psycopg directly, no SQLAlchemy layers per
-statement; see DriverStatement). An attempt makes two round trips: the claim (one
-autocommitted UPDATE ... RETURNING in a CTE that takes the lease, read with the event
-and the endpoint, committed before the HTTP request), then one autocommitted
-statement recording the attempt and the delivery's new state together (a CTE). Only
+statement; see DriverStatement). An attempt makes three round trips: the claim (one
+autocommitted UPDATE ... RETURNING in a CTE that takes the lease, read with the
+endpoint, committed before the HTTP request), the event's body (from the one partition
+the claim named), then one autocommitted statement recording the attempt and the
+delivery's new state together (a CTE). An ordered delivery's claim takes two more
+(`Deliveries.claim`). Only
 when the endpoint's failure streak changes do the record and the streak updates run
 in one explicit transaction.
 
@@ -17,6 +19,7 @@ lease that merely lapsed, with nobody taking over, loses nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +44,8 @@ from services.notifier.models import (
     StoredEventId,
 )
 from shared.db import Database, DriverStatement
+
+log = logging.getLogger(__name__)
 
 #: Why an endpoint was disabled by the engine (see webhook_endpoints.DISABLED_MANUAL).
 DISABLED_FAILING = "failing"
@@ -106,43 +111,52 @@ class Recorded:
     recovered: FailureRun | None = None
 
 
-def _claim_statement() -> sa.Select[Any]:
+def _claim_statement(*, ordered: bool) -> sa.Select[Any]:
     """Take the lease and the next attempt number of a due, unfinished, unleased delivery;
-    read all an attempt needs.
+    read the endpoint and where its event is stored.
 
     The number is taken with the lease, so an attempt that outlives its lease and the
     one that takes the delivery over never share a number, and both count toward the
-    retry schedule. Zero rows means someone else holds it, it is done, it is not due, or
-    (ordered) it is not its turn yet (ordering.may_start).
+    retry schedule. Zero rows means someone else holds it, it is done, it is not due,
+    it is not of this kind (`ordered`) or (ordered) not its turn yet (ordering.may_start).
 
-    The UPDATE touches the delivery row alone (found by its key); the event and the
-    endpoint are read after it, by their keys, from the one row it returns. Joined into
-    the UPDATE itself, the planner hashed whole partitions of events for each claim
-    (their statistics lag new partitions): PostgreSQL's cost per delivery grew with
-    the table (docs/PERFORMANCE.md, "the claim").
+    Each statement of the hot path reads one partition of each partitioned table, named
+    by a value the statement is given: the planner prunes the others before it plans
+    (a custom plan). The UPDATE names its delivery by id; the endpoint and the event's
+    id row are plain tables read by key; the event's body is read next, by its id and
+    received_at (`_EVENT`). A condition that a joined or correlated value decides (the
+    event joined by the received_at read here; ordering's subqueries) cannot prune:
+    PostgreSQL opens every partition's index for it on each execution (a day's
+    partition each, 30-90 in all at the default retention), which is why an unordered
+    delivery's claim carries none of them and the ordered rule has a statement of its
+    own.
     """
     now = sa.bindparam("now")
-    event_received_at = (
-        sa.select(StoredEventId.received_at)
-        .where(StoredEventId.id == Delivery.event_id)
-        .scalar_subquery()
-    )
+    conditions: list[sa.ColumnElement[bool]] = [
+        Delivery.id == sa.bindparam("delivery_id"),
+        # Not in_(): an expanding IN re-renders the SQL on every execution.
+        sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+        sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
+        sa.or_(
+            Delivery.next_attempt_at.is_(None),
+            Delivery.next_attempt_at <= sa.bindparam("due_by"),
+        ),
+        # Its event is stored (a lease taken on a delivery whose event is gone would
+        # read nothing and hold the delivery for a lease's length).
+        sa.exists().where(StoredEventId.id == Delivery.event_id),
+    ]
+    if ordered:
+        event_received_at = (
+            sa.select(StoredEventId.received_at)
+            .where(StoredEventId.id == Delivery.event_id)
+            .scalar_subquery()
+        )
+        conditions += [Delivery.order_key.is_not(None), ordering.may_start(event_received_at)]
+    else:
+        conditions.append(Delivery.order_key.is_(None))
     claimed = (
         sa.update(Delivery)
-        .where(
-            Delivery.id == sa.bindparam("delivery_id"),
-            # Not in_(): an expanding IN re-renders the SQL on every execution.
-            sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
-            sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < now),
-            sa.or_(
-                Delivery.next_attempt_at.is_(None),
-                Delivery.next_attempt_at <= sa.bindparam("due_by"),
-            ),
-            # Its event is stored (a lease taken on a delivery whose event is gone
-            # would return nothing and hold the delivery for a lease's length).
-            sa.exists().where(StoredEventId.id == Delivery.event_id),
-            ordering.may_start(event_received_at),
-        )
+        .where(*conditions)
         .values(lease_until=sa.bindparam("lease"), attempt_count=Delivery.attempt_count + 1)
         .returning(
             Delivery.attempt_count,
@@ -158,10 +172,9 @@ def _claim_statement() -> sa.Select[Any]:
         sa.select(
             claimed.c.attempt_count,
             claimed.c.event_id,
+            StoredEventId.received_at,
             claimed.c.endpoint_id,
             claimed.c.tenant_id,
-            StoredEvent.body,
-            StoredEvent.created_at,
             Endpoint.url,
             Endpoint.status,
             Endpoint.deleted_at,
@@ -170,24 +183,26 @@ def _claim_statement() -> sa.Select[Any]:
             Endpoint.previous_secret_encrypted,
             Endpoint.previous_secret_expires_at,
             Endpoint.rate_limit_per_second,
-            StoredEvent.request_id,
             Endpoint.signature_scheme,
             claimed.c.order_key,
             claimed.c.order_seq,
         )
         .select_from(claimed)
-        # Through the event's id row: its received_at names the one partition of
-        # notifier_events to read (pruned at run time, not a probe of each).
         .join(StoredEventId, StoredEventId.id == claimed.c.event_id)
-        .join(
-            StoredEvent,
-            sa.and_(
-                StoredEvent.id == StoredEventId.id,
-                StoredEvent.received_at == StoredEventId.received_at,
-            ),
-        )
         .join(Endpoint, Endpoint.id == claimed.c.endpoint_id)
     )
+
+
+#: Whether a delivery is ordered (when the unordered claim took nothing).
+_IS_ORDERED = sa.select(Delivery.order_key.is_not(None)).where(
+    Delivery.id == sa.bindparam("delivery_id")
+)
+
+#: The claimed delivery's event, in the one partition its received_at names.
+_EVENT = sa.select(StoredEvent.body, StoredEvent.created_at, StoredEvent.request_id).where(
+    StoredEvent.id == sa.bindparam("event_id"),
+    StoredEvent.received_at == sa.bindparam("received_at"),
+)
 
 
 #: The delivery is still the one this worker claimed: nobody took it over since.
@@ -332,7 +347,10 @@ class DeliveryStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._claim = db.driver_statement(_claim_statement())
+        self._claim = db.driver_statement(_claim_statement(ordered=False))
+        self._claim_ordered = db.driver_statement(_claim_statement(ordered=True))
+        self._is_ordered = db.driver_statement(_IS_ORDERED)
+        self._event = db.driver_statement(_EVENT)
         self._next_in_line = db.driver_statement(ordering.NEXT_IN_LINE)
         self._record = db.driver_statement(_record_statement())
         self._put_back = db.driver_statement(_PUT_BACK)
@@ -374,20 +392,33 @@ class DeliveryStore:
         }
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
-            return None
+            ordered = _run(conn, self._is_ordered, {"delivery_id": delivery_id}).fetchone()
+            if ordered is None or not ordered[0]:
+                return None
+            row = _run(conn, self._claim_ordered, params).fetchone()
+            if row is None:
+                return None
         (
             number,
             event_id,
+            received_at,
             endpoint_id,
             tenant_id,
-            body,
-            created_at,
             *endpoint,
-            request_id,
             scheme,
             order_key,
             order_seq,
         ) = row
+        event = _run(
+            conn, self._event, {"event_id": event_id, "received_at": received_at}
+        ).fetchone()
+        if event is None:
+            # Its partition was dropped since the claim saw the id row (retention keeps
+            # events longer than deliveries: WebhookRetention). Nothing to send; the
+            # lease lapses and the next claim finds no id row.
+            log.warning("delivery %s: its event %s is no longer stored", delivery_id, event_id)
+            return None
+        body, created_at, request_id = event
         return Claim(
             delivery_id,
             lease,
