@@ -167,7 +167,7 @@ def main() -> int:
             print(f"Webhook fairness on {machine()}")
 
             counted = worker_counters(metrics_port)
-            quiet, quiet_ids, quiet_rate = latency(db, fine, healthy, args.rate, duration)
+            quiet, quiet_ids, quiet_rate, _ = latency(db, fine, healthy, args.rate, duration)
             figures["quiet_worker"] = _since(counted, counted := worker_counters(metrics_port))
             q50, q99 = percentile(quiet, 0.5), percentile(quiet, 0.99)
             print(
@@ -183,7 +183,7 @@ def main() -> int:
             load.start()
             time.sleep(min(10.0, duration / 2))  # the hostile endpoints fill their slots first
             counted = worker_counters(metrics_port)
-            loud, loud_ids, loud_rate = latency(db, fine, healthy, args.rate, duration)
+            loud, loud_ids, loud_rate, _ = latency(db, fine, healthy, args.rate, duration)
             figures["hostile_worker"] = _since(counted, worker_counters(metrics_port))
             figures["hostile_stages"] = stages(db, loud_ids, fine.stats()["hits"])
             stop.set()
