@@ -41,7 +41,6 @@ from bench.harness import (
     free_port,
     fresh_database,
     machine,
-    steady_state_partitions,
 )
 from services.core import outbox
 from services.core.models import OutboxEvent
@@ -53,6 +52,7 @@ from shared.bus import BusNames
 from shared.db import Database
 from shared.identity import service as identity
 from tests.support import keys
+from tests.support.partitions import steady_state_partitions
 from tests.support.pipeline import delete_bus, unique_prefix
 from tests.support.processes import SettleProcesses
 from tests.support.services import AMQP_URL

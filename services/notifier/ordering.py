@@ -2,8 +2,8 @@
 
 An endpoint with `ordering: per_account` gets, on each delivery of an event about a
 deposit account, the account (`order_key`) and the event's `sequence` (`order_seq`,
-fanout.pending). Order is a property of the claim (delivery_store.py), not a
-mechanism of its own: a delivery is claimable only when
+fanout.pending). Order is a property of the claim (delivery_store.py: an ordered
+delivery's claim statement), not a mechanism of its own: a delivery is claimable only when
 
 1. no delivery of the same endpoint and account with a lower number is unfinished
    (pending or retrying: in flight, waiting for its retry, or waiting for a slot), so
@@ -75,17 +75,20 @@ def _arrived_before(delivery: Any) -> sa.ColumnElement[bool]:
 
 
 def may_start(event_received_at: Any) -> sa.ColumnElement[bool]:
-    """The claim's condition on a Delivery whose event arrived at `event_received_at`: an
-    unordered delivery always; an ordered one by rules 1 and 2 (bind `gap_cutoff`: when
-    an event must have arrived for its delivery to go without the events before it)."""
-    return sa.or_(
-        Delivery.order_key.is_(None),
-        sa.and_(
-            ~held_by_earlier(),
-            sa.or_(
-                event_received_at < sa.bindparam("gap_cutoff"),
-                _arrived_before(Delivery),
-            ),
+    """The ordered claim's condition on a Delivery whose event arrived at
+    `event_received_at`: rules 1 and 2 (bind `gap_cutoff`: when an event must have
+    arrived for its delivery to go without the events before it).
+
+    Its subqueries are correlated with the delivery, so PostgreSQL cannot prune their
+    partitions: it opens every partition's index for them on each execution. Hence an
+    ordered delivery has a claim statement of its own and an unordered one's carries
+    none of this (delivery_store._claim_statement).
+    """
+    return sa.and_(
+        ~held_by_earlier(),
+        sa.or_(
+            event_received_at < sa.bindparam("gap_cutoff"),
+            _arrived_before(Delivery),
         ),
     )
 
