@@ -414,9 +414,11 @@ class DeliveryStore:
         ).fetchone()
         if event is None:
             # Its partition was dropped since the claim saw the id row (retention keeps
-            # events longer than deliveries: WebhookRetention). Nothing to send; the
-            # lease lapses and the next claim finds no id row.
+            # events longer than deliveries: WebhookRetention; the id rows are pruned
+            # after the drop). Nothing to send: the number goes back (attemptCount
+            # counts attempts started), the lease lapses and a later claim finds no id row.
             log.warning("delivery %s: its event %s is no longer stored", delivery_id, event_id)
+            _run(conn, self._give_back, {"delivery_id": delivery_id, "attempt_count": number})
             return None
         body, created_at, request_id = event
         return Claim(

@@ -310,3 +310,51 @@ def test_a_missing_earlier_event_holds_its_successor_only_for_the_gap_wait(
             is not None
         )
     assert ordering.GAP_WINDOW >= 4
+
+
+@pytest.mark.parametrize("order", [PER_ACCOUNT, None])
+def test_a_claim_whose_event_is_gone_takes_no_attempt_number(
+    pg_db: Database, order: str | None
+) -> None:
+    tenant_id = str(uuid.uuid4())
+    account = f"acc_{uuid.uuid4().hex[:20]}"
+    with pg_db.transaction() as session:
+        endpoint_domain.create_endpoint(
+            session,
+            SecretBox("ordered-test-key"),
+            tenant_id,
+            name="gone",
+            url="https://hooks.example.com/gone",
+            event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
+            allow_private=False,
+            max_endpoints=10,
+            ordering=order,
+        )
+    (stored,) = store_events(pg_db, [_envelope(tenant_id, account, 1)])
+    (delivery_id,) = stored.delivery_ids
+    # Given its event's partition dropped, its id row not yet pruned (retention deletes
+    # the id rows after the drop, in batches; a drop kept back leaves them an hour)
+    with pg_db.transaction() as session:
+        session.execute(
+            sa.text(
+                "DELETE FROM notifier_events WHERE id ="
+                " (SELECT event_id FROM webhook_deliveries WHERE id = :id)"
+            ),
+            {"id": delivery_id},
+        )
+    store = DeliveryStore(pg_db)
+    now = utcnow()
+    # When a worker tries to claim it
+    with store.connection() as conn:
+        got = store.claim(
+            conn,
+            delivery_id,
+            now=now,
+            lease=now + timedelta(seconds=30),
+            due_by=now + timedelta(seconds=1),
+            gap_cutoff=now + timedelta(seconds=1),
+        )
+    # Then nothing is sent and no attempt is counted (attemptCount: attempts started)
+    assert got is None
+    with pg_db.reader() as session:
+        assert session.get_one(Delivery, delivery_id).attempt_count == 0
