@@ -138,8 +138,8 @@ def relay_once(
     with db.transaction() as session:
         rows = session.execute(_unpublished(batch_size).with_for_update(skip_locked=True)).all()
         confirmed, failure = _publish(publisher, rows)
-        created = {r.id: r.created_at for r in rows}
-        _mark(session, confirmed, [created[i] for i in confirmed])
+        done = set(confirmed)
+        _mark(session, [(r.id, r.timeline, r.created_at) for r in rows if r.id in done])
     return _done(confirmed, failure, metrics)
 
 
@@ -152,6 +152,7 @@ def _unpublished(batch_size: int) -> sa.Select[Any]:
             OutboxEvent.body,
             OutboxEvent.request_id,
             OutboxEvent.created_at,
+            OutboxEvent.timeline,
         )
         .where(OutboxEvent.published_at.is_(None))
         .order_by(OutboxEvent.id)
@@ -175,24 +176,39 @@ def _publish(
     return [r.id for r in rows], None
 
 
-def _mark(session: Session, ids: list[int], created: list[datetime]) -> None:
-    """Mark the rows `ids` (created at `created`) published.
+def _mark_statements(rows: Sequence[tuple[int, bool, datetime]], now: datetime) -> list[sa.Update]:
+    """The UPDATEs marking `rows` ((id, timeline, created_at)) published at `now`.
 
-    The outbox is partitioned by created_at and the id names no partition: bounded by
-    the rows' own times, the planner prunes to the partitions they are in, instead of
+    The outbox is partitioned by (timeline, created_at) and the id names no partition.
+    PostgreSQL prunes a range key's second column only when its first is fixed (a bound
+    on created_at alone prunes nothing): so one statement per timeline in the batch,
+    bounded by its rows' own times, plans only the partitions they are in, instead of
     opening every partition's key index (30 days' and a year's worth).
     """
-    if ids:
-        session.execute(
+    statements = []
+    for timeline in (False, True):
+        ids = [i for i, t, _ in rows if t == timeline]
+        if not ids:
+            continue
+        created = [c for _, t, c in rows if t == timeline]
+        statements.append(
             sa.update(OutboxEvent)
             .where(
                 OutboxEvent.id.in_(ids),
+                OutboxEvent.timeline == timeline,
                 OutboxEvent.created_at >= min(created),
                 OutboxEvent.created_at <= max(created),
             )
-            .values(published_at=utcnow())
+            .values(published_at=now)
             .execution_options(synchronize_session=False)
         )
+    return statements
+
+
+def _mark(session: Session, rows: Sequence[tuple[int, bool, datetime]]) -> None:
+    """Mark `rows` ((id, timeline, created_at)) published."""
+    for statement in _mark_statements(rows, utcnow()):
+        session.execute(statement)
 
 
 def _done(confirmed: list[int], failure: PublishError | None, metrics: RelayMetrics | None) -> int:
