@@ -6,6 +6,17 @@ embedded mode (`settle dev`) it is `InProcessBus`, which hands each event straig
 to the notifier's handler. Both answer to `EventPublisher`, so the relay does not
 know which one it drives.
 
+A node lost, and a channel stuck on it: before a channel's first publish to a quorum
+queue, RabbitMQ 3.10 (rabbit_fifo_client) asks the node the queue's record names as
+leader. If that node is down (lost, its successor not yet elected and recorded: a
+fraction of a second), the message is refused, and so is every later one on that
+channel, each asking the dead node again, until that node is back: nacked under
+publisher confirms, dropped without a word without them. A new channel reads the
+record again. So a publisher that meets a nack drops its channel (`RabbitPublisher`,
+the notifier's job broker). Seen in the chaos test: the relay reconnected to node 1
+50 ms after node 0 stopped, 60 ms before the new leader, and every batch after was
+nacked until node 0 came back.
+
 `SETTLE_AMQP_PREFIX` puts a prefix in front of every exchange and queue name, so
 test runs and benchmarks share a RabbitMQ without seeing each other's messages.
 """
@@ -363,6 +374,10 @@ class RabbitPublisher:
             # the next batch, on the next node. The unconfirmed events stay in the outbox.
             self.close()
             self._next_node()
+        elif self._nacked:
+            # A new channel for the next batch: a channel may go on refusing a quorum queue
+            # for good (the module's docstring), a new one asks the current leader.
+            self.close()
         raise PublishError(reason, confirmed=confirmed)
 
     def publish(self, event_id: str, event_type: str, body: bytes) -> None:

@@ -7,7 +7,10 @@ Job messages are persistent but published without confirms: a job only nudges a
 worker toward a delivery whose state is already committed, and the sweeper enqueues
 any due delivery that has no job in flight, so a job lost with RabbitMQ delays a
 delivery but never loses it. Waiting for a disk-synced confirm per job would cost a
-round trip per delivery for no added safety.
+round trip per delivery for no added safety. Their channels are in confirm mode all
+the same, with the confirms never waited for: a channel whose quorum queue refuses it
+for good after a node loss drops jobs without a word (shared/bus.py's docstring), so a
+nack seen on a thread's channel makes that thread's next job open a new one.
 
 `DeliveryQueues` sends the delivery jobs: every process that makes deliveries (the
 API, the consumer, the sweeper, the workers for retries) sends through it, and only
@@ -16,6 +19,7 @@ the workers declare the actors that run them (actors.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -23,6 +27,8 @@ from typing import Any
 import dramatiq
 import pika
 import pika.exceptions
+import pika.frame
+import pika.spec
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import xq_name
@@ -31,6 +37,8 @@ from dramatiq.middleware import Middleware, Retries, TimeLimit
 
 from shared import topology
 from shared.bus import BusNames, amqp_nodes
+
+log = logging.getLogger(__name__)
 
 #: An actor running longer than this is interrupted (it never should: HTTP has timeouts).
 ACTOR_TIME_LIMIT_MS = 5 * 60 * 1000
@@ -73,6 +81,25 @@ class _Broker(RabbitmqBroker):  # type: ignore[misc]
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
         return _AckingConsumer
+
+    @property
+    def channel(self) -> Any:
+        """This thread's channel (Dramatiq's), in confirm mode whose confirms nobody waits
+        for; a new one (on a new connection) once the broker has nacked a job on it."""
+        state = self.state
+        if getattr(state, "refused", False):
+            state.refused = False
+            log.warning("RabbitMQ refused a job (nack) on this thread's channel; opening another")
+            del self.connection  # and its channel: the next lines open new ones
+        channel = getattr(state, "channel", None)
+        if channel is None:
+            channel = RabbitmqBroker.channel.fget(self)
+            _flag_nacks(channel, state)
+        return channel
+
+    @channel.deleter
+    def channel(self) -> None:
+        RabbitmqBroker.channel.fdel(self)
 
     # Quorum queues with a delivery limit (shared/topology.py) instead of Dramatiq's
     # classic ones; the same dead-letter routing to `.XQ`.
@@ -119,6 +146,22 @@ class _Broker(RabbitmqBroker):  # type: ignore[misc]
                 del self.connection  # the next attempt opens a new one
                 if attempt == MAX_ENQUEUE_ATTEMPTS:
                     raise ConnectionClosed(err) from None
+
+
+def _flag_nacks(channel: Any, state: Any) -> None:
+    """Confirm mode on `channel` (a BlockingChannel) at the protocol level only: its
+    publishes do not wait, and a nack, read with the connection's next I/O, sets
+    `state.refused` (the thread's state, which owns the channel)."""
+
+    def on_confirm(frame: pika.frame.Method) -> None:
+        if isinstance(frame.method, pika.spec.Basic.Nack):
+            state.refused = True
+
+    selected: list[bool] = []
+    channel._impl.confirm_delivery(
+        ack_nack_callback=on_confirm, callback=lambda _frame: selected.append(True)
+    )
+    channel._flush_output(lambda: bool(selected))
 
 
 #: Jobs survive a broker restart (as Dramatiq sends them).

@@ -4,12 +4,14 @@
         url = cluster.url()              # every node, SETTLE_AMQP_URL's comma form
         cluster.stop(0)                  # a node goes down (its connections with it)
         cluster.start(0)                 # and comes back into the cluster
+        cluster.freeze(2); cluster.kill(0)  # node 0 dies while node 2 is mute (no quorum)
 
 Each node is a `rabbitmq-server` of its own: its node name (`settle-chaos-<n>@localhost`),
 AMQP and distribution ports, data and log folders, a configuration of its own (no
 plugins, guest allowed from 127.0.0.1), and the cookie all of them share (in a HOME of
 the cluster's). Nodes 1.. join node 0. Everything lives in a temporary folder, removed
-on exit; every node is stopped, whatever happened.
+on exit; every node is stopped, whatever happened. SETTLE_TEST_RABBIT_LOGS=<folder> keeps
+the nodes' logs there (a subfolder per cluster).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -52,6 +55,7 @@ class RabbitCluster:
         self.ports = [free_port() for _ in range(size)]
         self.dist_ports = [free_port() for _ in range(size)]
         self._servers: dict[int, subprocess.Popen[bytes]] = {}
+        self._frozen: set[int] = set()
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -166,13 +170,40 @@ class RabbitCluster:
                 server.wait(10)
         return time.monotonic() - started
 
+    def kill(self, n: int) -> None:
+        """Node `n` dies at once (SIGKILL to its process group): no goodbye to its peers."""
+        server = self._servers.pop(n)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(NODE_WAIT_S)
+
+    def freeze(self, n: int) -> None:
+        """Node `n` stops answering (SIGSTOP) until `thaw(n)`: alive to its peers, mute."""
+        os.killpg(self._servers[n].pid, signal.SIGSTOP)
+        self._frozen.add(n)
+
+    def thaw(self, n: int) -> None:
+        os.killpg(self._servers[n].pid, signal.SIGCONT)
+        self._frozen.discard(n)
+
     def running_nodes(self, n: int) -> list[str]:
         out = self.ctl(n, "eval", "rabbit_nodes:all_running().")
         return [name for name in self.names if name in out]
 
     def close(self) -> None:
+        for n in list(self._frozen):
+            self.thaw(n)
         for n in list(self._servers):
             self.stop(n)
+        keep = os.environ.get("SETTLE_TEST_RABBIT_LOGS")
+        if keep:
+            # The nodes' logs outlive the cluster, for a failure to be read after it (leader
+            # elections, refused publishes, who connected where)
+            shutil.copytree(
+                self.folder,
+                Path(keep) / self.tag,
+                ignore=shutil.ignore_patterns("mnesia", "home"),
+                dirs_exist_ok=True,
+            )
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> RabbitCluster:
