@@ -198,6 +198,29 @@ _IS_ORDERED = sa.select(Delivery.order_key.is_not(None)).where(
     Delivery.id == sa.bindparam("delivery_id")
 )
 
+#: Why nothing can be sent: the delivery's event is no longer stored.
+EVENT_GONE = "its event is no longer stored (retention)"
+
+#: End an unfinished, unleased delivery whose event's id row is gone: no claim can
+#: take it again (the claim asks for that row), and left open it would be swept every
+#: round and, ordered, hold its account's later events for good.
+_END_EVENT_GONE = (
+    sa.update(Delivery)
+    .where(
+        Delivery.id == sa.bindparam("delivery_id"),
+        sa.or_(Delivery.status == PENDING, Delivery.status == RETRYING),
+        sa.or_(Delivery.lease_until.is_(None), Delivery.lease_until < sa.bindparam("now")),
+        ~sa.exists().where(StoredEventId.id == Delivery.event_id),
+    )
+    .values(
+        status=FAILED,
+        next_attempt_at=None,
+        lease_until=None,
+        last_error=EVENT_GONE,
+        updated_at=sa.bindparam("now"),
+    )
+)
+
 #: The claimed delivery's event, in the one partition its received_at names.
 _EVENT = sa.select(StoredEvent.body, StoredEvent.created_at, StoredEvent.request_id).where(
     StoredEvent.id == sa.bindparam("event_id"),
@@ -350,6 +373,7 @@ class DeliveryStore:
         self._claim = db.driver_statement(_claim_statement(ordered=False))
         self._claim_ordered = db.driver_statement(_claim_statement(ordered=True))
         self._is_ordered = db.driver_statement(_IS_ORDERED)
+        self._end_event_gone = db.driver_statement(_END_EVENT_GONE)
         self._event = db.driver_statement(_EVENT)
         self._next_in_line = db.driver_statement(ordering.NEXT_IN_LINE)
         self._record = db.driver_statement(_record_statement())
@@ -392,6 +416,10 @@ class DeliveryStore:
         }
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
+            ended = _run(conn, self._end_event_gone, {"delivery_id": delivery_id, "now": now})
+            if ended.rowcount:
+                log.warning("delivery %s failed: %s", delivery_id, EVENT_GONE)
+                return None
             ordered = _run(conn, self._is_ordered, {"delivery_id": delivery_id}).fetchone()
             if ordered is None or not ordered[0]:
                 return None
@@ -414,11 +442,13 @@ class DeliveryStore:
         ).fetchone()
         if event is None:
             # Its partition was dropped since the claim saw the id row (retention keeps
-            # events longer than deliveries: WebhookRetention; the id rows are pruned
-            # after the drop). Nothing to send: the number goes back (attemptCount
-            # counts attempts started), the lease lapses and a later claim finds no id row.
-            log.warning("delivery %s: its event %s is no longer stored", delivery_id, event_id)
-            _run(conn, self._give_back, {"delivery_id": delivery_id, "attempt_count": number})
+            # events at least as long as deliveries: WebhookRetention; the id rows are
+            # pruned after the drop). Nothing can ever be sent: the delivery ends
+            # failed, with no attempt (the number goes back: attemptCount counts
+            # attempts started), and no longer holds an ordered account.
+            log.warning("delivery %s failed: %s", delivery_id, EVENT_GONE)
+            stop = {"delivery_id": delivery_id, "attempt_count": number}
+            _run(conn, self._stop, {**stop, "status": FAILED, "reason": EVENT_GONE, "now": now})
             return None
         body, created_at, request_id = event
         return Claim(

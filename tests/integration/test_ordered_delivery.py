@@ -26,8 +26,8 @@ from services.notifier import deliveries, ordering
 from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.consumer import store_events
 from services.notifier.delivery_engine import EmbeddedEngine, EngineSettings, start_embedded
-from services.notifier.delivery_store import DeliveryStore
-from services.notifier.models import PER_ACCOUNT, SUCCEEDED, Delivery
+from services.notifier.delivery_store import EVENT_GONE, DeliveryStore
+from services.notifier.models import FAILED, PER_ACCOUNT, SUCCEEDED, Delivery
 from services.notifier.secrets import SecretBox
 from services.notifier.sweeper import due_deliveries
 from shared import events
@@ -313,7 +313,7 @@ def test_a_missing_earlier_event_holds_its_successor_only_for_the_gap_wait(
 
 
 @pytest.mark.parametrize("order", [PER_ACCOUNT, None])
-def test_a_claim_whose_event_is_gone_takes_no_attempt_number(
+def test_a_claim_whose_event_is_gone_ends_it_failed_with_no_attempt_number(
     pg_db: Database, order: str | None
 ) -> None:
     tenant_id = str(uuid.uuid4())
@@ -354,7 +354,58 @@ def test_a_claim_whose_event_is_gone_takes_no_attempt_number(
             due_by=now + timedelta(seconds=1),
             gap_cutoff=now + timedelta(seconds=1),
         )
-    # Then nothing is sent and no attempt is counted (attemptCount: attempts started)
+    # Then nothing is sent, no attempt is counted (attemptCount: attempts started) and
+    # the delivery ends: nothing can ever be sent for it
     assert got is None
     with pg_db.reader() as session:
-        assert session.get_one(Delivery, delivery_id).attempt_count == 0
+        row = session.get_one(Delivery, delivery_id)
+        assert (row.attempt_count, row.status, row.last_error) == (0, FAILED, EVENT_GONE)
+
+
+def test_an_ordered_delivery_whose_event_is_gone_ends_and_lets_its_account_go_on(
+    pg_db: Database,
+) -> None:
+    tenant_id = str(uuid.uuid4())
+    account = f"acc_{uuid.uuid4().hex[:20]}"
+    with pg_db.transaction() as session:
+        endpoint_domain.create_endpoint(
+            session,
+            SecretBox("ordered-test-key"),
+            tenant_id,
+            name="gone",
+            url="https://hooks.example.com/gone",
+            event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
+            allow_private=False,
+            max_endpoints=10,
+            ordering=PER_ACCOUNT,
+        )
+    first, second = store_events(
+        pg_db, [_envelope(tenant_id, account, 1), _envelope(tenant_id, account, 2)]
+    )
+    # Given the first event gone whole, its id row pruned too (a replayed old event's,
+    # or equal retentions)
+    with pg_db.transaction() as session:
+        for table in ("notifier_events", "notifier_event_ids"):
+            session.execute(
+                sa.text(
+                    f"DELETE FROM {table} WHERE id ="  # noqa: S608
+                    " (SELECT event_id FROM webhook_deliveries WHERE id = :id)"
+                ),
+                {"id": first.delivery_ids[0]},
+            )
+    store = DeliveryStore(pg_db)
+    now = utcnow()
+    args = {
+        "now": now,
+        "lease": now + timedelta(seconds=30),
+        "due_by": now + timedelta(seconds=1),
+        "gap_cutoff": now + timedelta(seconds=1),
+    }
+    with store.connection() as conn:
+        # When a worker tries the first: it ends, failed, with no attempt...
+        assert store.claim(conn, first.delivery_ids[0], **args) is None
+        # ...and the account's next is no longer held behind it
+        assert store.claim(conn, second.delivery_ids[0], **args) is not None
+    with pg_db.reader() as session:
+        row = session.get_one(Delivery, first.delivery_ids[0])
+        assert (row.attempt_count, row.status, row.last_error) == (0, FAILED, EVENT_GONE)
