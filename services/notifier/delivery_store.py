@@ -193,10 +193,12 @@ def _claim_statement(*, ordered: bool) -> sa.Select[Any]:
     )
 
 
-#: Whether a delivery is ordered (when the unordered claim took nothing).
-_IS_ORDERED = sa.select(Delivery.order_key.is_not(None)).where(
-    Delivery.id == sa.bindparam("delivery_id")
-)
+#: When the unordered claim took nothing: whether the delivery is ordered, and whether
+#: its event's id row is still there (one key read for both).
+_UNCLAIMED = sa.select(
+    Delivery.order_key.is_not(None),
+    sa.exists().where(StoredEventId.id == Delivery.event_id),
+).where(Delivery.id == sa.bindparam("delivery_id"))
 
 #: Why nothing can be sent: the delivery's event is no longer stored.
 EVENT_GONE = "its event is no longer stored (retention)"
@@ -372,7 +374,7 @@ class DeliveryStore:
         self.db = db
         self._claim = db.driver_statement(_claim_statement(ordered=False))
         self._claim_ordered = db.driver_statement(_claim_statement(ordered=True))
-        self._is_ordered = db.driver_statement(_IS_ORDERED)
+        self._unclaimed = db.driver_statement(_UNCLAIMED)
         self._end_event_gone = db.driver_statement(_END_EVENT_GONE)
         self._event = db.driver_statement(_EVENT)
         self._next_in_line = db.driver_statement(ordering.NEXT_IN_LINE)
@@ -416,12 +418,16 @@ class DeliveryStore:
         }
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
-            ended = _run(conn, self._end_event_gone, {"delivery_id": delivery_id, "now": now})
-            if ended.rowcount:
-                log.warning("delivery %s failed: %s", delivery_id, EVENT_GONE)
+            state = _run(conn, self._unclaimed, {"delivery_id": delivery_id}).fetchone()
+            if state is None:
                 return None
-            ordered = _run(conn, self._is_ordered, {"delivery_id": delivery_id}).fetchone()
-            if ordered is None or not ordered[0]:
+            ordered, event_stored = state
+            if not event_stored:
+                gone = {"delivery_id": delivery_id, "now": now}
+                if _run(conn, self._end_event_gone, gone).rowcount:
+                    log.warning("delivery %s failed: %s", delivery_id, EVENT_GONE)
+                return None
+            if not ordered:
                 return None
             row = _run(conn, self._claim_ordered, params).fetchone()
             if row is None:
@@ -447,8 +453,14 @@ class DeliveryStore:
             # failed, with no attempt (the number goes back: attemptCount counts
             # attempts started), and no longer holds an ordered account.
             log.warning("delivery %s failed: %s", delivery_id, EVENT_GONE)
-            stop = {"delivery_id": delivery_id, "attempt_count": number}
-            _run(conn, self._stop, {**stop, "status": FAILED, "reason": EVENT_GONE, "now": now})
+            stop = {
+                "delivery_id": delivery_id,
+                "attempt_count": number,
+                "status": FAILED,
+                "reason": EVENT_GONE,
+                "now": now,
+            }
+            _run(conn, self._stop, stop)
             return None
         body, created_at, request_id = event
         return Claim(

@@ -88,12 +88,12 @@ def _values() -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "name",
-    ["unordered claim", "is ordered", "event gone", "event body", "record"],
+    ["unordered claim", "unclaimed", "event gone", "event body", "record"],
 )
 def test_each_hot_statement_reads_one_partition_per_table(db: Database, name: str) -> None:
     statement = {
         "unordered claim": lambda: delivery_store._claim_statement(ordered=False),
-        "is ordered": lambda: delivery_store._IS_ORDERED,
+        "unclaimed": lambda: delivery_store._UNCLAIMED,
         "event gone": lambda: delivery_store._END_EVENT_GONE,
         "event body": lambda: delivery_store._EVENT,
         "record": delivery_store._record_statement,
