@@ -27,7 +27,7 @@ from services.notifier import webhook_endpoints as endpoint_domain
 from services.notifier.consumer import store_events
 from services.notifier.delivery_engine import EmbeddedEngine, EngineSettings, start_embedded
 from services.notifier.delivery_store import EVENT_GONE, DeliveryStore
-from services.notifier.models import FAILED, PER_ACCOUNT, SUCCEEDED, Delivery
+from services.notifier.models import FAILED, PER_ACCOUNT, SUCCEEDED, Delivery, Endpoint
 from services.notifier.secrets import SecretBox
 from services.notifier.sweeper import due_deliveries
 from shared import events
@@ -199,16 +199,12 @@ def test_an_unordered_endpoint_is_not_held(ordered: Ordered) -> None:
 # -- the claim itself, on the shared database -------------------------------------------
 
 
-def _envelope(tenant_id: str, account: str, sequence: int) -> bytes:
-    envelope = events.envelope(
-        events.DEPOSIT_CREDIT_SUBMITTED, tenant_id, _data(account), sequence=sequence
-    )
-    return events.encode(envelope)
-
-
-def test_an_event_that_overtook_an_earlier_one_waits_for_it_bounded(pg_db: Database) -> None:
+def _new_tenants_endpoint(
+    pg_db: Database, *, ordering: str | None = PER_ACCOUNT
+) -> tuple[str, str, Endpoint]:
+    """A new tenant's endpoint for deposit events (ordered per account by default), and
+    an account of its."""
     tenant_id = str(uuid.uuid4())
-    account = f"acc_{uuid.uuid4().hex[:20]}"
     with pg_db.transaction() as session:
         endpoint, _ = endpoint_domain.create_endpoint(
             session,
@@ -219,8 +215,20 @@ def test_an_event_that_overtook_an_earlier_one_waits_for_it_bounded(pg_db: Datab
             event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
             allow_private=False,
             max_endpoints=10,
-            ordering=PER_ACCOUNT,
+            ordering=ordering,
         )
+    return tenant_id, f"acc_{uuid.uuid4().hex[:20]}", endpoint
+
+
+def _envelope(tenant_id: str, account: str, sequence: int) -> bytes:
+    envelope = events.envelope(
+        events.DEPOSIT_CREDIT_SUBMITTED, tenant_id, _data(account), sequence=sequence
+    )
+    return events.encode(envelope)
+
+
+def test_an_event_that_overtook_an_earlier_one_waits_for_it_bounded(pg_db: Database) -> None:
+    tenant_id, account, endpoint = _new_tenants_endpoint(pg_db)
     store = DeliveryStore(pg_db)
     # Given the account's events 1 and 3 stored (1's delivery done), 2 not yet arrived
     first, third = store_events(
@@ -275,20 +283,7 @@ def test_an_event_that_overtook_an_earlier_one_waits_for_it_bounded(pg_db: Datab
 def test_a_missing_earlier_event_holds_its_successor_only_for_the_gap_wait(
     pg_db: Database,
 ) -> None:
-    tenant_id = str(uuid.uuid4())
-    account = f"acc_{uuid.uuid4().hex[:20]}"
-    with pg_db.transaction() as session:
-        endpoint_domain.create_endpoint(
-            session,
-            SecretBox("ordered-test-key"),
-            tenant_id,
-            name="ordered",
-            url="https://hooks.example.com/ordered",
-            event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
-            allow_private=False,
-            max_endpoints=10,
-            ordering=PER_ACCOUNT,
-        )
+    tenant_id, account, _ = _new_tenants_endpoint(pg_db)
     # Given an event numbered 5 whose 1..4 never arrive (from before this database)
     (late,) = store_events(pg_db, [_envelope(tenant_id, account, 5)])
     store = DeliveryStore(pg_db)
@@ -312,48 +307,44 @@ def test_a_missing_earlier_event_holds_its_successor_only_for_the_gap_wait(
     assert ordering.GAP_WINDOW >= 4
 
 
+def _claim_due_now() -> dict[str, Any]:
+    """Claim arguments: due now, no gap wait left."""
+    now = utcnow()
+    return {
+        "now": now,
+        "lease": now + timedelta(seconds=30),
+        "due_by": now + timedelta(seconds=1),
+        "gap_cutoff": now + timedelta(seconds=1),
+    }
+
+
+def _forget_event_of(pg_db: Database, delivery_id: str, *tables: str) -> None:
+    """Delete the delivery's event from `tables`, as retention does."""
+    with pg_db.transaction() as session:
+        for table in tables:
+            session.execute(
+                sa.text(
+                    f"DELETE FROM {table} WHERE id ="  # noqa: S608 (a name of this file's)
+                    " (SELECT event_id FROM webhook_deliveries WHERE id = :id)"
+                ),
+                {"id": delivery_id},
+            )
+
+
 @pytest.mark.parametrize("order", [PER_ACCOUNT, None])
 def test_a_claim_whose_event_is_gone_ends_it_failed_with_no_attempt_number(
     pg_db: Database, order: str | None
 ) -> None:
-    tenant_id = str(uuid.uuid4())
-    account = f"acc_{uuid.uuid4().hex[:20]}"
-    with pg_db.transaction() as session:
-        endpoint_domain.create_endpoint(
-            session,
-            SecretBox("ordered-test-key"),
-            tenant_id,
-            name="gone",
-            url="https://hooks.example.com/gone",
-            event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
-            allow_private=False,
-            max_endpoints=10,
-            ordering=order,
-        )
+    tenant_id, account, _ = _new_tenants_endpoint(pg_db, ordering=order)
     (stored,) = store_events(pg_db, [_envelope(tenant_id, account, 1)])
     (delivery_id,) = stored.delivery_ids
     # Given its event's partition dropped, its id row not yet pruned (retention deletes
     # the id rows after the drop, in batches; a drop kept back leaves them an hour)
-    with pg_db.transaction() as session:
-        session.execute(
-            sa.text(
-                "DELETE FROM notifier_events WHERE id ="
-                " (SELECT event_id FROM webhook_deliveries WHERE id = :id)"
-            ),
-            {"id": delivery_id},
-        )
+    _forget_event_of(pg_db, delivery_id, "notifier_events")
     store = DeliveryStore(pg_db)
-    now = utcnow()
     # When a worker tries to claim it
     with store.connection() as conn:
-        got = store.claim(
-            conn,
-            delivery_id,
-            now=now,
-            lease=now + timedelta(seconds=30),
-            due_by=now + timedelta(seconds=1),
-            gap_cutoff=now + timedelta(seconds=1),
-        )
+        got = store.claim(conn, delivery_id, **_claim_due_now())
     # Then nothing is sent, no attempt is counted (attemptCount: attempts started) and
     # the delivery ends: nothing can ever be sent for it
     assert got is None
@@ -365,42 +356,15 @@ def test_a_claim_whose_event_is_gone_ends_it_failed_with_no_attempt_number(
 def test_an_ordered_delivery_whose_event_is_gone_ends_and_lets_its_account_go_on(
     pg_db: Database,
 ) -> None:
-    tenant_id = str(uuid.uuid4())
-    account = f"acc_{uuid.uuid4().hex[:20]}"
-    with pg_db.transaction() as session:
-        endpoint_domain.create_endpoint(
-            session,
-            SecretBox("ordered-test-key"),
-            tenant_id,
-            name="gone",
-            url="https://hooks.example.com/gone",
-            event_types=[events.DEPOSIT_CREDIT_SUBMITTED],
-            allow_private=False,
-            max_endpoints=10,
-            ordering=PER_ACCOUNT,
-        )
+    tenant_id, account, _ = _new_tenants_endpoint(pg_db)
     first, second = store_events(
         pg_db, [_envelope(tenant_id, account, 1), _envelope(tenant_id, account, 2)]
     )
     # Given the first event gone whole, its id row pruned too (a replayed old event's,
     # or equal retentions)
-    with pg_db.transaction() as session:
-        for table in ("notifier_events", "notifier_event_ids"):
-            session.execute(
-                sa.text(
-                    f"DELETE FROM {table} WHERE id ="  # noqa: S608
-                    " (SELECT event_id FROM webhook_deliveries WHERE id = :id)"
-                ),
-                {"id": first.delivery_ids[0]},
-            )
+    _forget_event_of(pg_db, first.delivery_ids[0], "notifier_events", "notifier_event_ids")
     store = DeliveryStore(pg_db)
-    now = utcnow()
-    args = {
-        "now": now,
-        "lease": now + timedelta(seconds=30),
-        "due_by": now + timedelta(seconds=1),
-        "gap_cutoff": now + timedelta(seconds=1),
-    }
+    args = _claim_due_now()
     with store.connection() as conn:
         # When a worker tries the first: it ends, failed, with no attempt...
         assert store.claim(conn, first.delivery_ids[0], **args) is None
