@@ -347,8 +347,10 @@ def reconcile(
         run.check_odd_durable()
         run.check_deposits()
         _check_sweeps(run, chains or {})
-        for scanner in payouts:
-            run.check_payouts(scanner)
+    # After the snapshot, on a fresh read: the chain first, then Settle's records.
+    for scanner in payouts:
+        with core_db.reader() as core_now:
+            run.check_payouts(scanner, core_now)
     for kind in KINDS:
         report.of_kind(kind).sort(key=lambda d: (d.tenant_id, d.subject))
     report.elapsed_s = time.monotonic() - started
@@ -707,11 +709,14 @@ class _Run:
 
     # -- the hot wallet's payouts on chain -----------------------------------------------
 
-    def check_payouts(self, scanner: PayoutScanner) -> None:
+    def check_payouts(self, scanner: PayoutScanner, core_now: Session) -> None:
         """Payouts of the hot wallet mined in the window that Settle has no record of.
 
-        Settle records a payment before it broadcasts it, so a payout mined before the
-        window's end was recorded before core's snapshot: any missing is not in flight.
+        Settle records a payment before it broadcasts it, so a payout already mined was
+        recorded before `core_now` (read after the chain) began: any missing is not in
+        flight. Not core's snapshot: a block's timestamp is when its slot began, not when
+        it was mined, so a payout recorded after the snapshot may be stamped before the
+        window's end.
         """
         first = scanner.first_block_at(self.report.since)
         end = scanner.first_block_at(self.report.until) - 1
@@ -719,7 +724,7 @@ class _Run:
         self.counts.chains_checked += 1
         self.counts.payouts_checked += len(found)
         tenants = self.report.tenant_ids
-        for item in unrecorded(self.core, scanner.wallet, found):
+        for item in unrecorded(core_now, scanner.wallet, found):
             if tenants is not None and item.tenant_id not in tenants:
                 continue
             self.report.add(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -23,8 +23,10 @@ from services.core.deposits import incidents as incident_kinds
 from services.core.deposits import payout_tag, states
 from services.core.deposits.metrics import ChainCollector
 from services.core.deposits.models import HotWalletNonce
+from services.core.deposits.payout_audit import PayoutScanner
 from services.core.deposits.settlement import EvmPayer
 from services.core.deposits.worker import build_pipeline
+from services.core.evm import Web3ChainReader
 from shared.audit import log as audit
 from shared.db import Database
 from shared.timefmt import iso_ms, utcnow
@@ -182,6 +184,23 @@ def test_a_restore_from_before_a_payout_pays_nothing_twice_until_ops_resolve_the
         finally:
             db.dispose()
             drop_database(backup)
+
+
+def test_a_payout_mined_in_the_same_second_before_a_windows_end_is_in_the_window(
+    rig: PayingRig,
+) -> None:
+    """A block's timestamp is whole seconds and a window's end is not: a block stamped T
+    is before an end at T + 0.5 s, so `settle reconcile` (whose end is now by default)
+    reads the payout mined a moment before it ran."""
+    rig.node.mine()
+    block = rig.node.w3.eth.block_number
+    stamped = int(rig.node.w3.eth.get_block(block)["timestamp"])
+    chain = rig.registry.get(rig.chain_id)
+    assert chain is not None
+    reader = Web3ChainReader.from_url(rig.node.url, 5.0, rig.chain_id)
+    scanner = PayoutScanner(reader, chain, rig.hot.address)
+    assert scanner.first_block_at(datetime.fromtimestamp(stamped + 0.5, UTC)) > block
+    assert scanner.first_block_at(datetime.fromtimestamp(stamped, UTC)) <= block
 
 
 def test_a_wallet_that_sent_before_settle_ever_paid_from_it_is_a_gap_too(rig: PayingRig) -> None:

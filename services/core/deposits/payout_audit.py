@@ -112,8 +112,14 @@ class PayoutScanner:
         return payouts
 
     def first_block_at(self, when: datetime) -> int:
-        """The first block whose timestamp is at or after `when` (head + 1 if none)."""
-        target = int(when.timestamp())
+        """The first block whose timestamp is at or after `when` (head + 1 if none).
+
+        A block's timestamp is whole seconds, `when` is not: a block stamped in the same
+        second but before `when` (T < T.5) is before it, so the two are compared exactly,
+        never with `when` cut to its second (that put a payout mined a moment before a
+        window's end outside the window).
+        """
+        target = when.timestamp()
         try:
             lo, hi = 0, self.reader.head() + 1
             while lo < hi:
