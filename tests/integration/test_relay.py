@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pika
@@ -524,3 +524,90 @@ def test_one_round_marks_the_rows_of_both_timelines(db: Database) -> None:
     assert relay_once(db, InProcessBus(lambda body: None)) == 2
     assert all(_published_at(db, ids).values())
     assert relay_once(db, InProcessBus(lambda body: None)) == 0
+
+
+def _insert_created(
+    db: Database, created_at: datetime, event_type: str = events.DEPOSIT_CREDITED
+) -> str:
+    """An outbox row whose created_at is `created_at` (a transaction that ran long, or a
+    writer whose clock is behind), committed now without a NOTIFY; its event id."""
+    envelope, row = outbox.event_row(
+        event_type, f"ten_{uuid.uuid4().hex[:8]}", {"n": 1}, created_at=created_at
+    )
+    with db.engine.begin() as conn:
+        conn.execute(sa.insert(OutboxEvent).values(row))
+    return str(envelope["id"])
+
+
+def test_a_round_of_the_recent_rows_leaves_an_old_row_to_the_whole_round(db: Database) -> None:
+    _relay_all(db, InProcessBus(lambda body: None))
+    received: list[str] = []
+    bus = InProcessBus(lambda body: received.append(json.loads(body)["id"]))
+    # Given a row created two hours ago, committed only now, and a row created now
+    old = _insert_created(db, utcnow() - timedelta(hours=2))
+    new = _emit(db, 1)[0]["id"]
+    # When a round reads the rows of the last minute
+    assert relay_once(db, bus, since=utcnow() - timedelta(seconds=60)) == 1
+    # Then it publishes the new row only
+    assert received == [new]
+    # And a round of the whole outbox publishes the old one
+    assert relay_once(db, bus) == 1
+    assert received == [new, old]
+    assert all(_published_at(db, [old, new]).values())
+
+
+def test_a_round_of_the_recent_rows_reads_both_timelines_in_id_order(db: Database) -> None:
+    _relay_all(db, InProcessBus(lambda body: None))
+    received: list[str] = []
+    bus = InProcessBus(lambda body: received.append(json.loads(body)["id"]))
+    tenant_id = str(uuid.uuid4())
+    emitted = []
+    for event_type in (events.ACCOUNT_CREATED, events.DEPOSIT_CREDITED, events.ACCOUNT_CREATED):
+        with db.transaction() as session:
+            emitted.append(outbox.emit(session, event_type, tenant_id, {"n": 1})["id"])
+    assert relay_once(db, bus, batch_size=2, since=utcnow() - timedelta(seconds=60)) == 2
+    assert relay_once(db, bus, batch_size=2, since=utcnow() - timedelta(seconds=60)) == 1
+    assert received == emitted
+
+
+def test_a_running_relay_publishes_a_row_committed_long_after_it_was_written(
+    db: Database,
+) -> None:
+    """Rounds between whole-outbox rounds read only the last RECENT_S: an older row is
+    published by the next whole round, even while newer rows keep the relay busy."""
+    _relay_all(db, InProcessBus(lambda body: None))
+    received: list[str] = []
+    stop = threading.Event()
+    thread = start_relay_thread(
+        db,
+        lambda: InProcessBus(lambda body: received.append(json.loads(body)["id"])),
+        stop,
+        poll_s=30.0,  # no poll tick during the test: whole rounds come from RoundScope
+    )
+    try:
+        first = _emit(db, 1)[0]["id"]
+        wait_until(lambda: first in received, 5, "the relay running")
+        # Given a relay kept busy by new rows, and a row created an hour ago committed now
+        old = _insert_created(db, utcnow() - timedelta(hours=1))
+        deadline = time.monotonic() + relay_module.FULL_ROUND_S * 5
+        while old not in received and time.monotonic() < deadline:
+            _emit(db, 1)
+            time.sleep(0.05)
+        # Then it was published (by a whole round) within a few FULL_ROUND_S
+        assert old in received
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_round_of_the_recent_rows_plans_only_the_newest_partitions(db: Database) -> None:
+    (whole,) = relay_module._round_statements(10, None)
+    assert len(_outbox_partitions_planned(db, whole)) > 2
+    recent = relay_module._round_statements(10, utcnow() - timedelta(seconds=60))
+    assert len(recent) == 2
+    for statement in recent:
+        planned = _outbox_partitions_planned(db, statement)
+        assert planned, "no partition planned"
+        kinds = {name.split("_")[1] for name in planned if name != "outbox_default"}
+        assert len(kinds) == 1, planned  # one timeline's partitions only
