@@ -143,9 +143,10 @@ class RoundScope:
     It leaves nothing behind, and keeps id order wherever there is a backlog: the
     whole outbox is read by the first round, by every round after a failure (a broker
     or database outage's backlog), by every round while one of them fills its batch
-    (the backlog drains oldest first), and at least every FULL_ROUND_S. A row that is
-    older than RECENT_S by its commit (a transaction that ran long, a writer whose
-    clock is behind) waits at most FULL_ROUND_S more; such a row is published after
+    (the backlog drains oldest first), and at least every FULL_ROUND_S (a poll tick's
+    round, a second after the relay went to sleep, is one). A row that is older than
+    RECENT_S by its commit (a transaction that ran long, a writer whose clock is behind)
+    waits at most FULL_ROUND_S or a poll tick more; such a row is published after
     newer ones, as a late commit always was (the relay sees a row only once committed).
     """
 

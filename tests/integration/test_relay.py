@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from services.core import outbox
 from services.core import relay as relay_module
 from services.core.models import OutboxEvent
+from services.core.outbox_wakeup import NOTIFY_CHANNEL
 from services.core.relay import (
     outbox_lag,
     relay_once,
@@ -611,3 +612,33 @@ def test_a_round_of_the_recent_rows_plans_only_the_newest_partitions(db: Databas
         assert planned, "no partition planned"
         kinds = {name.split("_")[1] for name in planned if name != "outbox_default"}
         assert len(kinds) == 1, planned  # one timeline's partitions only
+
+
+def test_a_row_older_than_the_recent_read_with_nothing_after_it_goes_at_the_next_tick(
+    db: Database,
+) -> None:
+    """No later commit comes to run more rounds: the poll tick's round (a second after
+    the relay went to sleep, so a whole-outbox one) publishes the old row."""
+    _relay_all(db, InProcessBus(lambda body: None))
+    received: list[str] = []
+    stop = threading.Event()
+    thread = start_relay_thread(
+        db,
+        lambda: InProcessBus(lambda body: received.append(json.loads(body)["id"])),
+        stop,
+        poll_s=1.0,  # as in production
+    )
+    try:
+        first = _emit(db, 1)[0]["id"]
+        wait_until(lambda: first in received, 5, "the relay running")
+        # Given a row created an hour ago, committed now with its writer's NOTIFY, within
+        # a second of the relay's last whole round, and nothing after it
+        old = _insert_created(db, utcnow() - timedelta(hours=1))
+        with db.engine.begin() as conn:
+            conn.execute(sa.text(f"NOTIFY {NOTIFY_CHANNEL}"))
+        # Then it is published within a tick and a whole round's period
+        wait_until(lambda: old in received, 1.0 + relay_module.FULL_ROUND_S + 1.0, "the old row")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
