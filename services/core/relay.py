@@ -146,8 +146,11 @@ class RoundScope:
     (the backlog drains oldest first), and at least every FULL_ROUND_S (a poll tick's
     round, a second after the relay went to sleep, is one). A row that is older than
     RECENT_S by its commit (a transaction that ran long, a writer whose clock is behind)
-    waits at most FULL_ROUND_S or a poll tick more; such a row is published after
-    newer ones, as a late commit always was (the relay sees a row only once committed).
+    waits at most FULL_ROUND_S plus a poll tick more (about 2 s: a probe-started round
+    of the recent rows that finds nothing ends the look window, and the tick's round
+    is the whole one); such a row is published after newer ones, as a late commit
+    always was (the relay sees a row only once committed). Hence also: a writer whose
+    clock is more than RECENT_S behind the relay's has every row waited on like that.
     """
 
     def __init__(
