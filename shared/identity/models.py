@@ -136,8 +136,8 @@ class PortalLink(IdentityBase):
     #: SHA-256 of the link's token; the token is in the URL handed out once.
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     role: Mapped[str] = mapped_column(sa.String(20))
-    #: The API key or member that made the link.
-    created_by: Mapped[str] = mapped_column(sa.String(40))
+    #: The API key or member that made the link (indexed: revoking it ends its links).
+    created_by: Mapped[str] = mapped_column(sa.String(40), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     #: Set when the link opened its session: a link opens one, once.
@@ -165,7 +165,7 @@ class PortalSession(IdentityBase):
     #: The role of a link's session (a member's session has its member's current role).
     role: Mapped[str | None] = mapped_column(sa.String(20), nullable=True)
     portal_link_id: Mapped[str | None] = mapped_column(
-        sa.ForeignKey("portal_links.id"), nullable=True
+        sa.ForeignKey("portal_links.id"), index=True, nullable=True
     )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

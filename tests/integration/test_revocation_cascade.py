@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import event as sa_event
 
 from shared.db import Database
 from shared.identity import portal_links, service
@@ -152,3 +153,32 @@ def test_a_link_opened_while_its_key_is_revoked_never_outlives_the_revocation(
         assert_error(notifier.get("/v1/webhook-endpoints"), 401, "unauthorized")
     else:
         assert_error(answer, 401, "unauthorized")
+
+
+def test_the_cascade_finds_links_and_sessions_by_index_not_by_reading_the_tables(
+    pg_db: Database,
+) -> None:
+    """end_grants runs under the revocation's locks: its statements must be able to
+    reach a grantor's links and their sessions by index (identity_0005), whatever the
+    size of the tables. Each statement it runs is explained with sequential scans
+    priced out: a table with no usable index still shows a Seq Scan."""
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        statements.append((statement, parameters))
+
+    with pg_db.transaction() as session:
+        connection = session.connection()
+        sa_event.listen(connection, "before_cursor_execute", capture)
+        try:
+            service.end_grants(session, "key_nobody", now=utcnow())
+        finally:
+            sa_event.remove(connection, "before_cursor_execute", capture)
+        assert len(statements) == 2
+        raw = connection.connection.driver_connection
+        assert raw is not None
+        raw.execute("SET LOCAL enable_seqscan = off")
+        for statement, parameters in statements:
+            plan = "\n".join(r[0] for r in raw.execute("EXPLAIN " + statement, parameters))
+            assert "Seq Scan" not in plan, plan
+        session.rollback()
