@@ -143,14 +143,14 @@ class RoundScope:
     It leaves nothing behind, and keeps id order wherever there is a backlog: the
     whole outbox is read by the first round, by every round after a failure (a broker
     or database outage's backlog), by every round while one of them fills its batch
-    (the backlog drains oldest first), and at least every FULL_ROUND_S (a poll tick's
-    round, a second after the relay went to sleep, is one). A row that is older than
-    RECENT_S by its commit (a transaction that ran long, a writer whose clock is behind)
-    waits at most FULL_ROUND_S plus a poll tick more (about 2 s: a probe-started round
-    of the recent rows that finds nothing ends the look window, and the tick's round
-    is the whole one); such a row is published after newer ones, as a late commit
-    always was (the relay sees a row only once committed). Hence also: a writer whose
-    clock is more than RECENT_S behind the relay's has every row waited on like that.
+    (the backlog drains oldest first), by the round after one of the recent rows that
+    found none (what woke the relay may be an older row; the look window is kept open
+    for it), and at least every FULL_ROUND_S. A row that is older than RECENT_S by its
+    commit (a transaction that ran long, a writer whose clock is behind) is published
+    by the next round that finds no recent row, or within FULL_ROUND_S while recent
+    rows keep coming; it goes after newer ones, as a late commit always did (the relay
+    sees a row only once committed). Hence also: a writer whose clock is more than
+    RECENT_S behind the relay's has its rows wait like that.
     """
 
     def __init__(
@@ -164,11 +164,13 @@ class RoundScope:
         self._clock = clock
         self._last_full: float | None = None
         self._draining = True
+        self._owed = False
 
     def since(self) -> datetime | None:
         """The oldest created_at the next round reads; None: the whole outbox."""
         if (
-            self._draining
+            self._owed
+            or self._draining
             or self._last_full is None
             or self._clock() - self._last_full >= self._full_every_s
         ):
@@ -180,6 +182,15 @@ class RoundScope:
         if since is None:
             self._last_full = self._clock()
             self._draining = published >= batch_size
+            self._owed = False
+        else:
+            # Nothing recent: what woke the relay (a NOTIFY, a probe) may be older.
+            self._owed = published == 0
+
+    @property
+    def whole_round_owed(self) -> bool:
+        """A round of the recent rows found nothing: the next one reads everything."""
+        return self._owed
 
     def failed(self) -> None:
         """A round failed: rows may have piled up; read them all, oldest first."""
@@ -364,6 +375,10 @@ def run_relay(
                     continue  # more may wait: drain before sleeping
                 if published:
                     hot_until = time.monotonic() + HOT_WINDOW_S
+                elif scope.whole_round_owed:
+                    # Look again soon, with a whole round: the row that woke the relay
+                    # may be older than the recent read (a late commit).
+                    hot_until = max(hot_until, time.monotonic() + HOT_WINDOW_S)
                 elif probed:
                     # The rows the probe saw are another relay's, locked while it
                     # publishes them (SKIP LOCKED): no more looks until a NOTIFY.

@@ -642,3 +642,53 @@ def test_a_row_older_than_the_recent_read_with_nothing_after_it_goes_at_the_next
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_an_old_row_behind_a_burst_that_stops_goes_with_the_next_look_not_a_tick(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row older than the recent read, committed just after a whole round while new
+    rows keep the relay busy for most of a second and then stop: the probe-started
+    round of the recent rows finds nothing, and the next look reads everything, instead
+    of ending the look window and leaving the row to the poll tick (a reviewer's case:
+    1.87 s)."""
+    _relay_all(db, InProcessBus(lambda body: None))
+    whole_rounds: list[float] = []
+    real_ran = relay_module.RoundScope.ran
+
+    def ran(self: Any, since: Any, published: int, batch_size: int) -> None:
+        if since is None:
+            whole_rounds.append(time.monotonic())
+        real_ran(self, since, published, batch_size)
+
+    monkeypatch.setattr(relay_module.RoundScope, "ran", ran)
+    received: dict[str, float] = {}
+    stop = threading.Event()
+    thread = start_relay_thread(
+        db,
+        lambda: InProcessBus(
+            lambda body: received.setdefault(json.loads(body)["id"], time.monotonic())
+        ),
+        stop,
+        poll_s=1.0,
+    )
+    try:
+        _emit(db, 1)
+        time.sleep(1.2)  # asleep; the next round is a whole one (a second since the last)
+        seen = len(whole_rounds)
+        _emit(db, 1)
+        wait_until(lambda: len(whole_rounds) > seen, 5, "a whole round")
+        last_whole = whole_rounds[-1]
+        # Given an old row committed right after it, and new rows for most of a second
+        old = _insert_created(db, utcnow() - timedelta(hours=1))
+        committed = time.monotonic()
+        while time.monotonic() < last_whole + 0.9:
+            _emit(db, 1)
+            time.sleep(0.05)
+        wait_until(lambda: old in received, 5, "the old row")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    # Then it went out with the burst's last rounds, not a poll tick after them
+    assert received[old] - committed < 1.0 + 0.25, received[old] - committed

@@ -65,3 +65,18 @@ def test_after_a_failure_the_whole_outbox_is_read_until_it_is_drained() -> None:
     assert rounds.since() is None
     rounds.ran(None, 0, BATCH)
     assert rounds.since() is not None
+
+
+def test_a_recent_round_that_found_nothing_is_followed_by_a_whole_one() -> None:
+    clock = Clock()
+    rounds = scope(clock)
+    rounds.ran(None, 1, BATCH)
+    since = rounds.since()
+    assert since is not None and not rounds.whole_round_owed
+    rounds.ran(since, 2, BATCH)  # it published: nothing owed
+    assert not rounds.whole_round_owed and rounds.since() is not None
+    # one that found none: what woke the relay may be older than the recent read
+    rounds.ran(since, 0, BATCH)
+    assert rounds.whole_round_owed and rounds.since() is None
+    rounds.ran(None, 0, BATCH)
+    assert not rounds.whole_round_owed and rounds.since() is not None
