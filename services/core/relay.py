@@ -135,7 +135,7 @@ class RoundScope:
     """Which rows the relay's next round reads: the whole outbox, or the recent rows.
 
     The outbox is partitioned by (timeline, created_at), and a round that bounds
-    neither plans the partial index of every partition on each round (46 in a year-old
+    neither plans the partial index of every partition on each round (51 in a year-old
     database: the relay's p50 doubled against a fresh one, docs/PERFORMANCE.md). A
     round of the recent rows reads, per timeline, those created in the last RECENT_S:
     the newest partitions only.
