@@ -25,6 +25,7 @@ and while a backlog drains); in between, only the rows created in the last
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -162,18 +163,14 @@ class RoundScope:
         self._full_every_s = full_every_s
         self._recent = timedelta(seconds=recent_s)
         self._clock = clock
-        self._last_full: float | None = None
-        self._draining = True
-        self._owed = False
+        self._last_full = -math.inf
+        #: The next round reads everything: the first, after a failure, after a whole
+        #: round that filled its batch, after a round of the recent rows that found none.
+        self._whole_next = True
 
     def since(self) -> datetime | None:
         """The oldest created_at the next round reads; None: the whole outbox."""
-        if (
-            self._owed
-            or self._draining
-            or self._last_full is None
-            or self._clock() - self._last_full >= self._full_every_s
-        ):
+        if self._whole_next or self._clock() - self._last_full >= self._full_every_s:
             return None
         return utcnow() - self._recent
 
@@ -181,20 +178,19 @@ class RoundScope:
         """A round that read from `since` published `published` rows."""
         if since is None:
             self._last_full = self._clock()
-            self._draining = published >= batch_size
-            self._owed = False
+            self._whole_next = published >= batch_size  # a backlog drains oldest first
         else:
             # Nothing recent: what woke the relay (a NOTIFY, a probe) may be older.
-            self._owed = published == 0
+            self._whole_next = published == 0
 
     @property
-    def whole_round_owed(self) -> bool:
-        """A round of the recent rows found nothing: the next one reads everything."""
-        return self._owed
+    def whole_round_next(self) -> bool:
+        """Whether the next round reads the whole outbox whatever the time."""
+        return self._whole_next
 
     def failed(self) -> None:
         """A round failed: rows may have piled up; read them all, oldest first."""
-        self._draining = True
+        self._whole_next = True
 
 
 def relay_once(
@@ -375,7 +371,7 @@ def run_relay(
                     continue  # more may wait: drain before sleeping
                 if published:
                     hot_until = time.monotonic() + HOT_WINDOW_S
-                elif scope.whole_round_owed:
+                elif scope.whole_round_next:
                     # Look again soon, with a whole round: the row that woke the relay
                     # may be older than the recent read (a late commit).
                     hot_until = max(hot_until, time.monotonic() + HOT_WINDOW_S)

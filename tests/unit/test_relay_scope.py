@@ -72,11 +72,11 @@ def test_a_recent_round_that_found_nothing_is_followed_by_a_whole_one() -> None:
     rounds = scope(clock)
     rounds.ran(None, 1, BATCH)
     since = rounds.since()
-    assert since is not None and not rounds.whole_round_owed
+    assert since is not None and not rounds.whole_round_next
     rounds.ran(since, 2, BATCH)  # it published: nothing owed
-    assert not rounds.whole_round_owed and rounds.since() is not None
+    assert not rounds.whole_round_next and rounds.since() is not None
     # one that found none: what woke the relay may be older than the recent read
     rounds.ran(since, 0, BATCH)
-    assert rounds.whole_round_owed and rounds.since() is None
+    assert rounds.whole_round_next and rounds.since() is None
     rounds.ran(None, 0, BATCH)
-    assert not rounds.whole_round_owed and rounds.since() is not None
+    assert not rounds.whole_round_next and rounds.since() is not None
