@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -540,6 +541,24 @@ def _insert_created(
     return str(envelope["id"])
 
 
+@contextmanager
+def _running_relay(db: Database, poll_s: float) -> Iterator[dict[str, float]]:
+    """A relay thread publishing to an in-process bus; yields event id -> when it came."""
+    received: dict[str, float] = {}
+
+    def arrived(body: bytes) -> None:
+        received.setdefault(json.loads(body)["id"], time.monotonic())
+
+    stop = threading.Event()
+    thread = start_relay_thread(db, lambda: InProcessBus(arrived), stop, poll_s=poll_s)
+    try:
+        yield received
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_a_round_of_the_recent_rows_leaves_an_old_row_to_the_whole_round(db: Database) -> None:
     _relay_all(db, InProcessBus(lambda body: None))
     received: list[str] = []
@@ -577,15 +596,8 @@ def test_a_running_relay_publishes_a_row_committed_long_after_it_was_written(
     """Rounds between whole-outbox rounds read only the last RECENT_S: an older row is
     published by the next whole round, even while newer rows keep the relay busy."""
     _relay_all(db, InProcessBus(lambda body: None))
-    received: list[str] = []
-    stop = threading.Event()
-    thread = start_relay_thread(
-        db,
-        lambda: InProcessBus(lambda body: received.append(json.loads(body)["id"])),
-        stop,
-        poll_s=30.0,  # no poll tick during the test: whole rounds come from RoundScope
-    )
-    try:
+    # no poll tick during the test: whole rounds come from RoundScope
+    with _running_relay(db, poll_s=30.0) as received:
         first = _emit(db, 1)[0]["id"]
         wait_until(lambda: first in received, 5, "the relay running")
         # Given a relay kept busy by new rows, and a row created an hour ago committed now
@@ -596,10 +608,6 @@ def test_a_running_relay_publishes_a_row_committed_long_after_it_was_written(
             time.sleep(0.05)
         # Then it was published (by a whole round) within a few FULL_ROUND_S
         assert old in received
-    finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive()
 
 
 def test_a_round_of_the_recent_rows_plans_only_the_newest_partitions(db: Database) -> None:
@@ -620,15 +628,7 @@ def test_a_row_older_than_the_recent_read_with_nothing_after_it_goes_at_the_next
     """No later commit comes to run more rounds: the poll tick's round (a second after
     the relay went to sleep, so a whole-outbox one) publishes the old row."""
     _relay_all(db, InProcessBus(lambda body: None))
-    received: list[str] = []
-    stop = threading.Event()
-    thread = start_relay_thread(
-        db,
-        lambda: InProcessBus(lambda body: received.append(json.loads(body)["id"])),
-        stop,
-        poll_s=1.0,  # as in production
-    )
-    try:
+    with _running_relay(db, poll_s=1.0) as received:  # as in production
         first = _emit(db, 1)[0]["id"]
         wait_until(lambda: first in received, 5, "the relay running")
         # Given a row created an hour ago, committed now with its writer's NOTIFY, within
@@ -638,10 +638,6 @@ def test_a_row_older_than_the_recent_read_with_nothing_after_it_goes_at_the_next
             conn.execute(sa.text(f"NOTIFY {NOTIFY_CHANNEL}"))
         # Then it is published within a tick and a whole round's period
         wait_until(lambda: old in received, 1.0 + relay_module.FULL_ROUND_S + 1.0, "the old row")
-    finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive()
 
 
 def test_an_old_row_behind_a_burst_that_stops_goes_with_the_next_look_not_a_tick(
@@ -662,17 +658,7 @@ def test_an_old_row_behind_a_burst_that_stops_goes_with_the_next_look_not_a_tick
         real_ran(self, since, published, batch_size)
 
     monkeypatch.setattr(relay_module.RoundScope, "ran", ran)
-    received: dict[str, float] = {}
-    stop = threading.Event()
-    thread = start_relay_thread(
-        db,
-        lambda: InProcessBus(
-            lambda body: received.setdefault(json.loads(body)["id"], time.monotonic())
-        ),
-        stop,
-        poll_s=1.0,
-    )
-    try:
+    with _running_relay(db, poll_s=1.0) as received:
         _emit(db, 1)
         time.sleep(1.2)  # asleep; the next round is a whole one (a second since the last)
         seen = len(whole_rounds)
@@ -686,9 +672,5 @@ def test_an_old_row_behind_a_burst_that_stops_goes_with_the_next_look_not_a_tick
             _emit(db, 1)
             time.sleep(0.05)
         wait_until(lambda: old in received, 5, "the old row")
-    finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive()
     # Then it went out with the burst's last rounds, not a poll tick after them
     assert received[old] - committed < 1.0 + 0.25, received[old] - committed
