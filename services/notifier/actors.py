@@ -104,18 +104,6 @@ def _route(value: Any) -> Route | None:
     return None
 
 
-def _event_at(value: Any) -> datetime | None:
-    """A message's `event_at` kwarg (when the delivery's event was received), if it is one
-    (only a hint: a wrong one costs the claim a round trip, see DeliveryStore.claim)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else None
-
-
 class Dispatch(Protocol):
     """Sends later attempts of a delivery (broker.DeliveryQueues)."""
 
@@ -132,7 +120,6 @@ class Dispatch(Protocol):
         *,
         bounces: int = 0,
         route: tuple[str, str] | None = None,
-        event_at: datetime | None = None,
     ) -> None: ...
 
 
@@ -209,20 +196,12 @@ class Deliverer:
         self._attempts_ok = metrics.attempts.labels("success")
         self._succeeded = metrics.deliveries.labels(SUCCEEDED)
 
-    def deliver(
-        self,
-        delivery_id: str,
-        bounces: int = 0,
-        route: Route | None = None,
-        event_at: datetime | None = None,
-    ) -> str:
+    def deliver(self, delivery_id: str, bounces: int = 0, route: Route | None = None) -> str:
         """Run one attempt if this call wins the delivery; returns what happened (for tests).
 
         `route` (endpoint id, tenant id), which a put-back message carries: when that
         endpoint or tenant is still busy here, or its breaker still open, the message is
         sent on later again without touching the database (the claim is what costs).
-        `event_at` (when its event was received), which most messages carry: the claim
-        reads the event's body with the lease (DeliveryStore.claim).
 
         When the attempt frees a slot that a delivery waiting here wants, this thread
         runs that delivery next, and so on, bounded (INLINE_AT_MOST, one attempt
@@ -232,7 +211,7 @@ class Deliverer:
         hand = self._hand
         hand.open = True
         try:
-            outcome = self._deliver_once(delivery_id, bounces, route, event_at)
+            outcome = self._deliver_once(delivery_id, bounces, route)
             started = time.monotonic()
             for _ in range(INLINE_AT_MOST):
                 entry: Waiting | None = getattr(hand, "next", None)
@@ -291,13 +270,7 @@ class Deliverer:
         if len(self.waiting):
             self._send_on(self.waiting.overdue(lambda e, t: not self.limiter.is_full(e, t)))
 
-    def _deliver_once(
-        self,
-        delivery_id: str,
-        bounces: int,
-        route: Route | None,
-        event_at: datetime | None = None,
-    ) -> str:
+    def _deliver_once(self, delivery_id: str, bounces: int, route: Route | None) -> str:
         self._send_on_overdue()
         if route is not None and self._still_waiting(delivery_id, bounces, route):
             return "saturated"
@@ -310,7 +283,6 @@ class Deliverer:
                 lease=now + timedelta(seconds=self._lease_s),
                 due_by=now + timedelta(seconds=self.tuning.due_slack_s),
                 gap_cutoff=now - timedelta(seconds=self.tuning.order_gap_wait_s),
-                event_at=event_at,
             )
             if claim is None:
                 return "not_claimed"
@@ -511,37 +483,25 @@ class Deliverer:
             if self._park(claim.delivery_id, claim.endpoint_id, claim.tenant_id, bounces):
                 return
             delay = saturated_delay(bounces, self.tuning)  # the room filled up meanwhile
-            self._schedule(claim, delay, bounces=bounces, route=route)
+            self.dispatch.schedule(claim.delivery_id, delay, bounces=bounces, route=route)
             return
         delay = saturated_delay(bounces, self.tuning)
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.saturated.inc()
-        self._schedule(claim, delay, bounces=bounces, route=route)
-
-    def _schedule(
-        self, claim: Claim, delay_s: float, *, bounces: int = 0, route: Route | None = None
-    ) -> None:
-        """The claimed delivery's next job, in `delay_s`; it says where the event is."""
-        self.dispatch.schedule(
-            claim.delivery_id,
-            delay_s,
-            bounces=bounces,
-            route=route,
-            event_at=claim.event_received_at,
-        )
+        self.dispatch.schedule(claim.delivery_id, delay, bounces=bounces, route=route)
 
     def _hold(self, conn: Connection, claim: Claim, wait_s: float) -> None:
         """The endpoint's breaker is open: no attempt; due again when it may probe."""
         delay = wait_s * random.uniform(1.0, 1.2)
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=delay))
         self.metrics.held.inc()
-        self._schedule(claim, delay, route=(claim.endpoint_id, claim.tenant_id))
+        self.dispatch.schedule(claim.delivery_id, delay, route=(claim.endpoint_id, claim.tenant_id))
 
     def _pace(self, conn: Connection, claim: Claim, wait_s: float) -> None:
         """The endpoint's own rate limit says not yet: due again when its next turn comes."""
         self.store.put_back(conn, claim, utcnow() + timedelta(seconds=wait_s))
         self.metrics.paced.inc()
-        self._schedule(claim, wait_s)
+        self.dispatch.schedule(claim.delivery_id, wait_s)
 
     def _stop(self, conn: Connection, claim: Claim) -> None:
         """No attempt: the endpoint was deleted (the delivery fails) or disabled (skipped,
@@ -747,7 +707,7 @@ class Deliverer:
             self._tell_exhausted(claim)
             return FAILED
         try:
-            self._schedule(claim, delay)
+            self.dispatch.schedule(claim.delivery_id, delay)
         except Exception:
             # The row says when it is due; the sweeper sends it if this message is lost.
             log.exception("could not schedule the retry of %s; the sweeper will", claim.delivery_id)
@@ -778,23 +738,15 @@ class DeliveryActors:
     """The two Dramatiq actors on the queues of `queues`, running `deliverer` (no globals)."""
 
     def __init__(self, queues: DeliveryQueues, deliverer: Deliverer) -> None:
-        def deliver(
-            delivery_id: str,
-            bounces: int = 0,
-            route: list[str] | None = None,
-            event_at: str | None = None,
-        ) -> None:
+        def deliver(delivery_id: str, bounces: int = 0, route: list[str] | None = None) -> None:
             with _failover_is_no_poison(delivery_id):
-                deliverer.deliver(delivery_id, bounces, _route(route), _event_at(event_at))
+                deliverer.deliver(delivery_id, bounces, _route(route))
 
         def deliver_retry(
-            delivery_id: str,
-            bounces: int = 0,
-            route: list[str] | None = None,
-            event_at: str | None = None,
+            delivery_id: str, bounces: int = 0, route: list[str] | None = None
         ) -> None:
             with _failover_is_no_poison(delivery_id):
-                deliverer.deliver(delivery_id, bounces, _route(route), _event_at(event_at))
+                deliverer.deliver(delivery_id, bounces, _route(route))
 
         def deliver_group(tenant_id: str, items: list[list[str]]) -> None:
             with _failover_is_no_poison(f"{len(items)} deliveries of {tenant_id}"):

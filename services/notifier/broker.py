@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -214,12 +213,10 @@ class DeliveryQueues:
         routes: Mapping[str, tuple[str, str]] | None = None,
         *,
         groups: Iterable[Sequence[str]] = (),
-        event_times: Mapping[str, datetime] | None = None,
     ) -> None:
         """First attempts (and sweeper re-sends): due now. `routes` (id -> (endpoint id,
         tenant id)) ride along where known, so a worker can hold a delivery of a busy
-        tenant without a claim; so do `event_times` (id -> when its event was received),
-        so that the worker's claim reads the event's body from its one partition.
+        tenant without a claim.
 
         Each of `groups` (the deliveries of one event, a sweep of one tenant's) whose
         routed deliveries of one tenant number GROUP_MIN or more travels as one job per
@@ -229,7 +226,6 @@ class DeliveryQueues:
         are spread over every worker thread and process, as before.
         """
         routes = routes or {}
-        event_times = event_times or {}
         given = set(delivery_ids)
         grouped: set[str] = set()
         group_jobs: list[dramatiq.Message] = []
@@ -256,7 +252,7 @@ class DeliveryQueues:
         # Jobs of their own in the order given; groups after them, so that a batch's
         # small fan-outs are not queued behind its big ones.
         messages = [
-            self._first_attempt(delivery_id, routes.get(delivery_id), event_times.get(delivery_id))
+            self._first_attempt(delivery_id, routes.get(delivery_id))
             for delivery_id in delivery_ids
             if delivery_id not in grouped
         ]
@@ -269,14 +265,12 @@ class DeliveryQueues:
         for message in messages:
             self.broker.enqueue(message)
 
-    def _first_attempt(
-        self, delivery_id: str, route: tuple[str, str] | None, event_at: datetime | None
-    ) -> dramatiq.Message:
+    def _first_attempt(self, delivery_id: str, route: tuple[str, str] | None) -> dramatiq.Message:
         return dramatiq.Message(
             queue_name=self.queue,
             actor_name=self.actor_name,
             args=(delivery_id,),
-            kwargs=_hints(route, event_at),
+            kwargs={"route": list(route)} if route else {},
             options={},
         )
 
@@ -287,17 +281,15 @@ class DeliveryQueues:
         *,
         bounces: int = 0,
         route: tuple[str, str] | None = None,
-        event_at: datetime | None = None,
     ) -> None:
         """A later attempt on the retry queue, delayed by `delay_s`.
 
         `route` (endpoint id, tenant id) lets the worker send a put-back delivery on
-        again while its endpoint or tenant is still busy, without a claim; `event_at`
-        (when its event was received) lets its claim read the event's body.
+        again while its endpoint or tenant is still busy, without a claim.
         """
-        kwargs = _hints(route, event_at)
-        if bounces:
-            kwargs["bounces"] = bounces
+        kwargs: dict[str, Any] = {"bounces": bounces} if bounces else {}
+        if route is not None:
+            kwargs["route"] = list(route)
         message = dramatiq.Message(
             queue_name=self.retry_queue,
             actor_name=self.retry_actor_name,
@@ -306,13 +298,3 @@ class DeliveryQueues:
             options={},
         )
         self.broker.enqueue(message, delay=max(0, int(delay_s * 1000)))
-
-
-def _hints(route: tuple[str, str] | None, event_at: datetime | None) -> dict[str, Any]:
-    """A job's optional kwargs: what the sender knows of the delivery besides its id."""
-    kwargs: dict[str, Any] = {}
-    if route is not None:
-        kwargs["route"] = list(route)
-    if event_at is not None:
-        kwargs["event_at"] = event_at.isoformat()
-    return kwargs

@@ -71,9 +71,6 @@ class Handled:
     malformed: str | None = None
     #: (endpoint id, tenant id) of each new delivery, for the job messages.
     routes: dict[str, tuple[str, str]] = field(default_factory=dict)
-    #: When the event was stored, for the new deliveries' job messages (None: a
-    #: repeat of an event stored before, whose unfinished deliveries go without it).
-    received_at: datetime | None = None
 
 
 def store_events(
@@ -147,7 +144,6 @@ def store_events(
                         # (A skipped one is kept, not sent: enabling the endpoint sends it.)
                         results[index].delivery_ids.append(row["id"])
                         results[index].routes[row["id"]] = (endpoint.id, tenant_id)
-                results[index].received_at = now
                 labels.append("stored")
             fanout.insert_deliveries(db, conn, made)
     labels.extend("duplicate" for _ in repeats)
@@ -155,16 +151,6 @@ def store_events(
         for label in labels:
             metrics.events.labels(label).inc()
     return results
-
-
-def event_times(results: Sequence[Handled]) -> dict[str, datetime]:
-    """Delivery id -> when its event was stored, for the new deliveries of `results`."""
-    return {
-        delivery_id: handled.received_at
-        for handled in results
-        if handled.received_at is not None
-        for delivery_id in handled.delivery_ids
-    }
 
 
 #: A redelivered event's unfinished deliveries that are due and not leased.
@@ -196,9 +182,7 @@ def handle_event(
     (handled,) = store_events(ctx.db, [body], metrics, request_ids=[logs.request_id()])
     if handled.malformed is not None:
         raise MalformedEvent(handled.malformed)
-    ctx.hand_off(
-        handled.delivery_ids, handled.routes, [handled.delivery_ids], event_times([handled])
-    )
+    ctx.hand_off(handled.delivery_ids, handled.routes, [handled.delivery_ids])
     return handled.delivery_ids
 
 
@@ -357,9 +341,7 @@ class EventConsumer:
             routes.update(handled.routes)
         # Each id once, in order (a batch of 64 events to 50 endpoints is 3,200 ids).
         ids = list(dict.fromkeys(i for handled in results for i in handled.delivery_ids))
-        ctx.hand_off(
-            ids, routes, [handled.delivery_ids for handled in results], event_times(results)
-        )
+        ctx.hand_off(ids, routes, [handled.delivery_ids for handled in results])
         acked = [m for (m, _, _), h in zip(batch, results, strict=True) if h.malformed is None]
         if acked:
             channel.basic_ack(acked[-1].delivery_tag, multiple=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from flask import current_app
@@ -78,16 +77,14 @@ class NotifierContext:
         delivery_ids: Sequence[str],
         routes: Routes | None = None,
         groups: Sequence[Sequence[str]] = (),
-        event_times: Mapping[str, datetime] | None = None,
     ) -> None:
         """Give committed deliveries to the engine; a failure only delays them (sweeper).
 
-        `groups`: the deliveries of each event, which may travel as one job;
-        `event_times`: when their events were stored, where known (the jobs carry it)."""
+        `groups`: the deliveries of each event, which may travel as one job."""
         if not delivery_ids:
             return
         try:
-            self.enqueue(list(delivery_ids), routes, groups=groups, event_times=event_times)
+            self.enqueue(list(delivery_ids), routes, groups=groups)
         except Exception:
             log.exception(
                 "enqueue of %d deliveries failed; the sweeper will send them", len(delivery_ids)

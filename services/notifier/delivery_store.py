@@ -2,16 +2,14 @@
 
 Every statement is compiled once per database and runs on the fast executor
 (`shared.db.Database.driver_autocommit`: psycopg directly, no SQLAlchemy layers per
-statement; see DriverStatement). An attempt makes two round trips: the claim (one
+statement; see DriverStatement). An attempt makes three round trips: the claim (one
 autocommitted UPDATE ... RETURNING in a CTE that takes the lease, read with the
-endpoint and the event's body, committed before the HTTP request), then one
-autocommitted statement recording the attempt and the delivery's new state together (a
-CTE). The claim reads the body from the one partition its job names (the event's
-received_at, which the consumer's and the worker's own jobs carry); a job that names
-none (a sweeper re-send, a replay) reads it in a third round trip, from the partition
-the claim found. An ordered delivery's claim takes two more (`DeliveryStore.claim`).
-Only when the endpoint's failure streak changes do the record and the streak updates
-run in one explicit transaction.
+endpoint, committed before the HTTP request), the event's body (from the one partition
+the claim named), then one autocommitted statement recording the attempt and the
+delivery's new state together (a CTE). An ordered delivery's claim takes two more
+(`Deliveries.claim`). Only
+when the endpoint's failure streak changes do the record and the streak updates run
+in one explicit transaction.
 
 The claim takes the lease and the next attempt number together; every write after
 it is conditional on that number: once another worker has taken the delivery over
@@ -89,9 +87,6 @@ class Claim:
     #: The account and number it is ordered by (ordering.py), when its endpoint orders.
     order_key: str | None = None
     order_seq: int | None = None
-    #: When the notifier stored the event: the partition its body is in (a later job
-    #: for this delivery carries it, see DeliveryStore.claim).
-    event_received_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,28 +113,23 @@ class Recorded:
 
 def _claim_statement(*, ordered: bool) -> sa.Select[Any]:
     """Take the lease and the next attempt number of a due, unfinished, unleased delivery;
-    read the endpoint, where its event is stored and, given where, the event.
+    read the endpoint and where its event is stored.
 
     The number is taken with the lease, so an attempt that outlives its lease and the
     one that takes the delivery over never share a number, and both count toward the
     retry schedule. Zero rows means someone else holds it, it is done, it is not due,
     it is not of this kind (`ordered`) or (ordered) not its turn yet (ordering.may_start).
 
-    The event's body comes with the claim when `event_at` names the partition it is in
-    (the event's received_at, which the job carries); otherwise (NULL, or a time that
-    is not the event's) the body columns are NULL and the caller reads them by the
-    received_at read here (`_EVENT`).
-
     Each statement of the hot path reads one partition of each partitioned table, named
     by a value the statement is given: the planner prunes the others before it plans
     (a custom plan). The UPDATE names its delivery by id; the endpoint and the event's
-    id row are plain tables read by key; the event's body by its id and a received_at
-    bound as a value (`event_at` here, the id row's in `_EVENT`). A condition that a
-    joined or correlated value decides (the event joined by the received_at read here;
-    ordering's subqueries) cannot prune: PostgreSQL opens every partition's index for
-    it on each execution (a day's partition each, 30-90 in all at the default
-    retention), which is why an unordered delivery's claim carries none of them and
-    the ordered rule has a statement of its own.
+    id row are plain tables read by key; the event's body is read next, by its id and
+    received_at (`_EVENT`). A condition that a joined or correlated value decides (the
+    event joined by the received_at read here; ordering's subqueries) cannot prune:
+    PostgreSQL opens every partition's index for it on each execution (a day's
+    partition each, 30-90 in all at the default retention), which is why an unordered
+    delivery's claim carries none of them and the ordered rule has a statement of its
+    own.
     """
     now = sa.bindparam("now")
     conditions: list[sa.ColumnElement[bool]] = [
@@ -196,22 +186,10 @@ def _claim_statement(*, ordered: bool) -> sa.Select[Any]:
             Endpoint.signature_scheme,
             claimed.c.order_key,
             claimed.c.order_seq,
-            StoredEvent.body,
-            StoredEvent.created_at,
-            StoredEvent.request_id,
         )
         .select_from(claimed)
         .join(StoredEventId, StoredEventId.id == claimed.c.event_id)
         .join(Endpoint, Endpoint.id == claimed.c.endpoint_id)
-        # A bound value prunes the events to one partition before planning (a NULL one
-        # to none); the outer join keeps the claim when it names the wrong one.
-        .outerjoin(
-            StoredEvent,
-            sa.and_(
-                StoredEvent.id == claimed.c.event_id,
-                StoredEvent.received_at == sa.bindparam("event_at"),
-            ),
-        )
     )
 
 
@@ -427,22 +405,16 @@ class DeliveryStore:
         lease: datetime,
         due_by: datetime,
         gap_cutoff: datetime,
-        event_at: datetime | None = None,
     ) -> Claim | None:
         """The lease until `lease` if the delivery is due by `due_by`, nobody holds it and
         (ordered) it is its turn; an event received before `gap_cutoff` no longer waits
-        for the events numbered before it to arrive (ordering.py).
-
-        `event_at`, when the job knows it: when the event was received, so that its body
-        is read with the claim (one round trip instead of two). It is a hint: a wrong
-        one costs that round trip back, nothing else."""
+        for the events numbered before it to arrive (ordering.py)."""
         params = {
             "delivery_id": delivery_id,
             "now": now,
             "due_by": due_by,
             "lease": lease,
             "gap_cutoff": gap_cutoff,
-            "event_at": event_at,
         }
         row = _run(conn, self._claim, params).fetchone()
         if row is None:
@@ -460,8 +432,6 @@ class DeliveryStore:
             row = _run(conn, self._claim_ordered, params).fetchone()
             if row is None:
                 return None
-        # The event's three columns come last (NULL when `event_at` named no partition).
-        event: Any = row[-3:]
         (
             number,
             event_id,
@@ -472,11 +442,10 @@ class DeliveryStore:
             scheme,
             order_key,
             order_seq,
-        ) = row[:-3]
-        if event[0] is None:
-            event = _run(
-                conn, self._event, {"event_id": event_id, "received_at": received_at}
-            ).fetchone()
+        ) = row
+        event = _run(
+            conn, self._event, {"event_id": event_id, "received_at": received_at}
+        ).fetchone()
         if event is None:
             # Its partition was dropped since the claim saw the id row (retention keeps
             # events at least as long as deliveries: WebhookRetention; the id rows are
@@ -508,7 +477,6 @@ class DeliveryStore:
             scheme,
             order_key,
             order_seq,
-            received_at,
         )
 
     def next_in_line(self, conn: Connection, claim: Claim) -> tuple[str, str, str] | None:

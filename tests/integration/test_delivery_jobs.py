@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from services.notifier import actors
 from services.notifier.broker import GROUP_MAX, GROUP_MIN, DeliveryQueues, build_broker
 from shared.bus import BusNames
 from tests.support.pipeline import delete_bus, unique_prefix
@@ -75,31 +73,6 @@ def test_a_batch_of_jobs_arrives_whole_and_in_order(queues: DeliveryQueues) -> N
     assert jobs[0][1] == {"route": ["we_1", "ten_1"]}
     assert jobs[1][1] == {}
     assert jobs[-1][1] == {"route": ["we_2", "ten_2"]}
-
-
-def test_a_job_says_when_its_event_was_stored_where_the_sender_knows(
-    queues: DeliveryQueues,
-) -> None:
-    # Given two new deliveries, one whose event's stored time is known
-    stored_at = datetime(2026, 11, 29, 4, 5, 6, 789000, tzinfo=UTC)
-    queues.enqueue(
-        ["dlv_1", "dlv_2"], {"dlv_1": ("we_1", "ten_1")}, event_times={"dlv_1": stored_at}
-    )
-    # Then its job carries that time, to the millisecond the worker's claim needs; the
-    # other's carries none
-    jobs = dict(_jobs(queues))
-    assert jobs["dlv_1"] == {
-        "route": ["we_1", "ten_1"],
-        "event_at": "2026-11-29T04:05:06.789000+00:00",
-    }
-    assert jobs["dlv_2"] == {}
-    assert actors._event_at(jobs["dlv_1"]["event_at"]) == stored_at
-
-
-@pytest.mark.parametrize("junk", [None, 17, "yesterday", "2026-11-29T04:05:06", ["2026"]])
-def test_a_job_whose_event_time_is_junk_is_delivered_without_it(junk: object) -> None:
-    # A hint only: never a reason to fail the job (a naive time names no partition)
-    assert actors._event_at(junk) is None
 
 
 def test_a_batch_is_sent_again_on_a_new_connection_when_the_old_one_is_gone(

@@ -71,7 +71,6 @@ def _values() -> dict[str, Any]:
         "gap_cutoff": now - timedelta(seconds=5),
         "event_id": "evt_x",
         "received_at": now,
-        "event_at": now,
         "attempt_count": 1,
         "last_attempt_at": now,
         "last_response_status": 200,
@@ -109,14 +108,3 @@ def test_the_ordered_claim_is_the_one_that_reads_every_partition(db: Database) -
     statement = db.driver_statement(delivery_store._claim_statement(ordered=True))
     read = _partitions_read(db, statement, _values())
     assert len(read["webhook_deliveries"]) > 10
-
-
-def test_the_claim_reads_the_event_from_the_one_partition_its_job_names(db: Database) -> None:
-    # The job's event_at is a bound value: the body comes with the claim from one
-    # partition; without it (NULL) the claim reads no partition of the events at all.
-    # (The ordered claim reads them all anyway, for ordering.may_start: above.)
-    statement = db.driver_statement(delivery_store._claim_statement(ordered=False))
-    named = _partitions_read(db, statement, _values())["notifier_events"]
-    assert len(named) == 1, named
-    unnamed = _partitions_read(db, statement, {**_values(), "event_at": None})["notifier_events"]
-    assert unnamed == []
