@@ -12,9 +12,9 @@ Goals (issue #2): GET /v1/chains >= 0.8 of bare, POST /v1/deposit-accounts >= 0.
 A fourth server, bench/floor_app.py, answers the same POST with only the endpoint's
 irreducible work (one key lookup, three address derivations, one INSERT statement and
 a durable commit, raw psycopg, no framework): its ratio is the ceiling any
-implementation of this endpoint on this stack and machine can reach. Goal (issue #9):
-core's creation at least 0.8 of the floor's, compared within each round (see
-`to_the_floor`).
+implementation of this endpoint on this stack and machine can reach. Goal: core's
+creation at least 0.7 of the floor's (issue 22; it was 0.8 in issue 9), compared within
+each round (see `to_the_floor`).
 
 The three runs are interleaved for `--rounds` rounds and each ratio is taken within
 its round, then the median is reported: on a shared machine a burst of someone
@@ -239,8 +239,9 @@ def run(args: argparse.Namespace, url: str) -> int:
     to_floor = to_the_floor(rounds)
     print(
         f"ceiling for account creation on this stack and machine: {floor:.3f} of bare "
-        f"(bench/floor_app.py); core reaches {to_floor['throughput']:.2f} of it (goal 0.8: "
-        f"{'met' if to_floor['throughput'] >= 0.8 else 'MISSED'}; median of the rounds' "
+        f"(bench/floor_app.py); core reaches {to_floor['throughput']:.2f} of it (goal "
+        f"{FLOOR_GOAL}: {'met' if to_floor['throughput'] >= FLOOR_GOAL else 'MISSED'}; "
+        "median of the rounds' "
         f"core/floor requests/s {', '.join(f'{r:.2f}' for r in to_floor['per_round'])}); "
         f"by CPU per request (floor's host CPU / core's): {to_floor['cpu']:.2f}"
     )
@@ -264,6 +265,8 @@ def run(args: argparse.Namespace, url: str) -> int:
 BARE, CHAINS, CREATE = "bare GET /v1/bare", "GET /v1/chains", "POST /v1/deposit-accounts"
 #: bench/floor_app.py: the creation's irreducible work without any framework.
 FLOOR = "floor POST (no framework)"
+#: Core's account creation as a share of the floor's (issue 22).
+FLOOR_GOAL = 0.7
 
 
 def measure(

@@ -9,7 +9,7 @@ Then, in one run:
 
 1. throughput: N events committed to core's outbox at once; deliveries/s at the
    receiver between the 10 % and 90 % marks, against a bare `requests.Session`
-   POST loop to the same receiver with the same number of threads (goal >= 0.5);
+   POST loop to the same receiver with the same number of threads (goal >= 0.8);
 2. latency: events committed one by one at a steady rate (default 200/s); p50/p99
    from each commit in core to its receipt (goal p99 < 50 ms);
 3. nothing lost: every event received, each with one delivery, succeeded.
@@ -58,6 +58,8 @@ from tests.support.processes import SettleProcesses
 from tests.support.services import AMQP_URL
 
 SECRET_KEY = "bench-webhooks-secret-key"
+#: Deliveries/s as a share of the bare POST loop's requests/s (issues 9, 11 and 22).
+RATIO_GOAL = 0.8
 BODY_TEMPLATE = {"deposit": {"id": "dep_bench", "amount": "125.50", "asset": "USDC"}}
 
 
@@ -416,7 +418,7 @@ def main() -> int:
             ratio = rate / bare
             print(f"  throughput: {rate:8.0f} deliveries/s   ({n_events} events at once)")
             print(f"  bare POSTs: {bare:8.0f} requests/s     ({total_threads} threads)")
-            print(f"  ratio:      {ratio:8.2f}                (goal >= 0.5)")
+            print(f"  ratio:      {ratio:8.2f}                (goal >= {RATIO_GOAL})")
             print(
                 "  CPU ms per delivery: "
                 + ", ".join(f"{name} {ms}" for name, ms in per_delivery.items())
