@@ -45,6 +45,7 @@ from bench.harness import (
     fresh_database,
     machine,
 )
+from bench.harness import cpu_seconds as process_cpu_seconds
 from services.core import outbox
 from services.core.models import OutboxEvent
 from services.notifier import webhook_endpoints as endpoint_domain
@@ -153,7 +154,7 @@ def bare_loop(rx: ReceiverProcess, threads: int, duration_s: float) -> tuple[flo
             counts[index] += 1
 
     workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
-    receiver_before = cpu_seconds("", {"receiver": rx.proc.pid})["receiver"]
+    receiver_before = process_cpu_seconds([rx.proc.pid])
     cpu_before = time.process_time()
     started = time.monotonic()
     for worker in workers:
@@ -162,7 +163,7 @@ def bare_loop(rx: ReceiverProcess, threads: int, duration_s: float) -> tuple[flo
         worker.join(duration_s + 30)
     elapsed = time.monotonic() - started
     cpu_s = time.process_time() - cpu_before
-    cpu_s += cpu_seconds("", {"receiver": rx.proc.pid})["receiver"] - receiver_before
+    cpu_s += process_cpu_seconds([rx.proc.pid]) - receiver_before
     done = max(sum(counts), 1)
     return done / elapsed, cpu_s * 1000 / done
 
