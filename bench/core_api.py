@@ -239,7 +239,7 @@ def run(args: argparse.Namespace, url: str) -> int:
     to_floor = to_the_floor(rounds)
     print(
         f"ceiling for account creation on this stack and machine: {floor:.3f} of bare "
-        f"(bench/floor_app.py); core reaches {to_floor['throughput']:.2f} of it (goal "
+        f"(bench/floor_app.py); core reaches {to_floor['throughput']:.3f} of it (goal "
         f"{FLOOR_GOAL}: {'met' if to_floor['throughput'] >= FLOOR_GOAL else 'MISSED'}; "
         "median of the rounds' "
         f"core/floor requests/s {', '.join(f'{r:.2f}' for r in to_floor['per_round'])}); "
