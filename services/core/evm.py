@@ -29,8 +29,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 import requests
@@ -184,6 +186,10 @@ class ChainReader(Protocol):
         """Canonical headers (hash, logsBloom) at these heights (past the head: left out)."""
         ...
 
+    def block_time(self, number: int) -> int:
+        """A canonical block's timestamp (Unix seconds)."""
+        ...
+
     def tagged_block(self, tag: str) -> BlockRef | None:
         """The block a tag (`finalized`, `safe`) names, or None when the node lacks it."""
         ...
@@ -208,6 +214,26 @@ class ChainReader(Protocol):
     def receipt_status(self, tx_hash: str) -> tuple[int, int] | None:
         """(status, block number) of a mined transaction, or None if not mined."""
         ...
+
+
+def first_block_at(reader: ChainReader, when: datetime) -> int:
+    """The first block whose timestamp is at or after `when` (head + 1 if none): a
+    binary search, about 25 calls on a chain of 20 million blocks.
+
+    A block's timestamp is whole seconds, `when` is not: a block stamped in the same
+    second but before `when` (T < T.5) is before it, so the two are compared exactly,
+    never with `when` cut to its second (that put a payout mined a moment before a
+    reconcile window's end outside the window).
+    """
+    target = when.timestamp()
+    lo, hi = 0, reader.head() + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reader.block_time(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 _ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]{40}")
@@ -600,6 +626,8 @@ class _FakeBlock:
     txs: tuple[_FakeTx, ...] = ()
     logs: tuple[TransferLog, ...] = field(default=())
     logs_bloom: int = 0
+    #: Unix seconds, never under the parent's.
+    timestamp: int = 0
 
 
 class InMemoryChain(ChainReader):
@@ -616,8 +644,11 @@ class InMemoryChain(ChainReader):
         gas_price_wei: int = 1_000_000_000,
         finalized_depth: int | None = None,
         safe_depth: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._chain_id = chain_id
+        #: What a block mined now is stamped with (Unix seconds).
+        self._clock = clock
         #: Settable: what gas_price_wei() returns.
         self.gas_price = gas_price_wei
         self.tag_depths: dict[str, int | None] = {
@@ -753,6 +784,14 @@ class InMemoryChain(ChainReader):
                 if 0 <= n < len(blocks)
             }
 
+    def block_time(self, number: int) -> int:
+        """A canonical block's timestamp (Unix seconds)."""
+        with self._lock:
+            self._maybe_fail()
+            if not 0 <= number < len(self._blocks):
+                raise NodeError("eth_getBlockByNumber", 0, f"no block {number}")
+            return self._blocks[number].timestamp
+
     def tagged_block(self, tag: str) -> BlockRef | None:
         """The tagged block, when this fake offers the tag."""
         depth = self.tag_depths.get(tag)
@@ -841,5 +880,6 @@ class InMemoryChain(ChainReader):
                     tx_index=index,
                 )
             )
-        self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs), bloom_of(logs)))
+        stamp = max(int(self._clock()), self._blocks[-1].timestamp if self._blocks else 0)
+        self._blocks.append(_FakeBlock(number, block_hash, txs, tuple(logs), bloom_of(logs), stamp))
         return BlockRef(number, block_hash)

@@ -112,25 +112,13 @@ class PayoutScanner:
         return payouts
 
     def first_block_at(self, when: datetime) -> int:
-        """The first block whose timestamp is at or after `when` (head + 1 if none).
+        """The first block whose timestamp is at or after `when` (head + 1 if none)."""
+        from services.core.evm import first_block_at
 
-        A block's timestamp is whole seconds, `when` is not: a block stamped in the same
-        second but before `when` (T < T.5) is before it, so the two are compared exactly,
-        never with `when` cut to its second (that put a payout mined a moment before a
-        window's end outside the window).
-        """
-        target = when.timestamp()
         try:
-            lo, hi = 0, self.reader.head() + 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self.reader.block_time(mid) >= target:
-                    hi = mid
-                else:
-                    lo = mid + 1
+            return first_block_at(self.reader, when)
         except Exception as exc:
             raise ChainUnreadable(f"{type(exc).__name__}: {exc}") from exc
-        return lo
 
 
 @dataclass(frozen=True)
