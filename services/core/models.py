@@ -127,6 +127,11 @@ class DepositAddress(CoreBase):
     key_id: Mapped[int | None] = mapped_column(
         sa.SmallInteger, sa.ForeignKey("deposit_keys.id"), nullable=True
     )
+    #: When it was given out (the database's clock); NULL: before core_0016 (the
+    #: account's `created_at` stands in). Where a chain's first watching starts.
+    created_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime, nullable=True, server_default=sa.func.now()
+    )
 
     account: Mapped[DepositAccount] = relationship(back_populates="addresses")
 

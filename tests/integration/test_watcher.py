@@ -10,18 +10,21 @@ confirmed when two more blocks are on top of it.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from services.core.deposits import states
 from services.core.deposits.addressbook import AddressBook
-from services.core.deposits.models import StrayTransfer
+from services.core.deposits.models import ChainCheckpoint, StrayTransfer
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
 from services.core.evm import InMemoryChain
+from services.core.models import DepositAccount, DepositAddress
 from shared import components, migrate
 from shared.db import Database
 from tests.support.deposits import (
@@ -406,3 +409,104 @@ def test_dust_below_the_floor_fails_below_minimum(
     assert parts.settling.settle(deposit.id) == states.FAILED
     (deposit,) = deposits_of(db, account)
     assert deposit.failure_reason == "below_minimum" and deposit.credit_tx_hash is None
+
+
+# --- a chain's first watching -----------------------------------------------------------
+
+
+def first_watcher(parts: DepositParts, chain: InMemoryChain) -> ChainWatcher:
+    """A watcher as the worker builds it: no start block, no cursor yet."""
+    registry_chain = parts.registry.get(TEST_CHAIN_ID)
+    assert registry_chain is not None
+    return ChainWatcher(parts.detection, registry_chain, chain, lag_blocks=0, max_range=50)
+
+
+def floor_checkpoint(db: Database) -> int:
+    """The block under the first one a chain's watching read."""
+    with db.reader() as session:
+        floor: int = session.scalar(
+            sa.select(sa.func.min(ChainCheckpoint.number)).where(
+                ChainCheckpoint.chain_id == TEST_CHAIN_ID
+            )
+        )
+    return floor
+
+
+class StampClock:
+    """What InMemoryChain stamps the blocks it mines with; settable."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def test_a_chains_first_watching_finds_a_deposit_sent_before_any_worker_looked(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given a chain whose first 30 blocks are an hour old
+    stamps = StampClock(time.time() - 3600)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    chain.mine(29)
+    # And an account given its address now, sent 125.50 USDC in block 30, and ten blocks
+    # on top, all before any worker watched the chain (a first deployment)
+    stamps.at = time.time()
+    account = make_account(db, TENANT, parts.registry)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
+    chain.mine()
+    chain.mine(10)
+    # When the chain's watcher takes its first look
+    w = first_watcher(parts, chain)
+    w.tick()
+    # Then the deposit is found and, ten blocks deep, confirmed
+    (deposit,) = deposits_of(db, account)
+    assert deposit.block_number == 30 and deposit.status == states.SOURCE_CONFIRMED
+    # And the reading began at the first block stamped after the address was given out
+    # (less the margin for clocks), not at the chain's genesis
+    assert floor_checkpoint(db) == 29
+
+
+def test_an_address_from_before_its_time_was_kept_counts_from_its_accounts_creation(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given an account made half an hour ago whose address has no time of its own (a
+    # row from before core_0016), on a chain with blocks an hour and half an hour old
+    stamps = StampClock(time.time() - 3600)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    chain.mine(19)
+    account = make_account(db, TENANT, parts.registry)
+    with db.transaction() as session:
+        session.execute(
+            sa.update(DepositAddress)
+            .where(DepositAddress.chain_id == TEST_CHAIN_ID)
+            .values(created_at=None)
+        )
+        session.execute(
+            sa.update(DepositAccount)
+            .where(DepositAccount.id == account.id)
+            .values(created_at=sa.func.now() - timedelta(minutes=30))
+        )
+    stamps.at = time.time() - 1700
+    chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
+    chain.mine()
+    stamps.at = time.time()
+    chain.mine(10)
+    # When the chain's watcher takes its first look
+    first_watcher(parts, chain).tick()
+    # Then the deposit of half an hour ago is found, and nothing older was read
+    (deposit,) = deposits_of(db, account)
+    assert deposit.block_number == 20 and deposit.status == states.SOURCE_CONFIRMED
+    assert floor_checkpoint(db) == 19
+
+
+def test_a_chain_without_addresses_is_first_read_one_confirmation_depth_back(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given a chain of 40 blocks and no deposit address on it
+    chain = InMemoryChain(TEST_CHAIN_ID)
+    chain.mine(40)
+    # When its watcher takes its first look
+    first_watcher(parts, chain).tick()
+    # Then it read from three blocks under the head (depth 3), not the chain's history
+    assert floor_checkpoint(db) == 40 - 3

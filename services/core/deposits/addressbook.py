@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from services.core.models import DepositAddress
+from services.core.models import DepositAccount, DepositAddress
 from shared.db import Database, DriverStatement, driver_rows
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,22 @@ _SINCE = sa.select(_TABLE.c.account_pk, _TABLE.c.address).where(
     _TABLE.c.chain_id == sa.bindparam("chain_id"),
     _TABLE.c.account_pk > sa.bindparam("since", type_=sa.BigInteger()),
 )
+
+
+def first_given_out(db: Database, chain_id: int) -> datetime | None:
+    """When the chain's earliest deposit address was given out (None: it has none).
+
+    An address from before core_0016 has no time of its own: its account's creation
+    stands in (at or before the true time, so never too late). Read once, when a chain
+    is first watched: a scan of the chain's addresses."""
+    statement = (
+        sa.select(sa.func.min(sa.func.coalesce(_TABLE.c.created_at, DepositAccount.created_at)))
+        .select_from(_TABLE.join(DepositAccount, DepositAccount.pk == _TABLE.c.account_pk))
+        .where(_TABLE.c.chain_id == chain_id)
+    )
+    with db.reader() as session:
+        earliest: datetime | None = session.scalar(statement)
+    return earliest
 
 
 class AddressBook:

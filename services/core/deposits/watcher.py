@@ -50,6 +50,11 @@ chain becomes a chain incident for ops (`chain_incidents`, and the
 `settle_chain_incidents_open` metric), a confirmed one not being paid goes to manual
 review, and an unmined payout of one is cancelled.
 
+A chain's first cursor starts one confirmation depth under the head, or, when the
+chain already has deposit addresses, at the block stamped when the earliest of them was
+given out (less a margin for clocks): a deposit sent before any worker looked (a first
+deployment, a worker started after the API) is found, never silently passed.
+
 Before anything (the first cursor included), the node is checked against the chains
 file (`ChainCheck`: its chain id, and with the worker's check each token's decimals):
 a node of another chain would have its transfers recorded here.
@@ -59,12 +64,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
 from services.core.chains import Chain
 from services.core.deposits import cursor_store
-from services.core.deposits.addressbook import AddressBook
+from services.core.deposits.addressbook import AddressBook, first_given_out
 from services.core.deposits.chain_check import ChainCheck
 from services.core.deposits.detection import Detection, Sighting, number_transfers
 from services.core.deposits.models import ChainCursor
@@ -75,6 +81,7 @@ from services.core.evm import (
     ChainReader,
     TransferLog,
     bloom_mask,
+    first_block_at,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +96,10 @@ RECENT_CHECKPOINTS = 16
 SHRINK_ATTEMPTS = 4
 #: Transfers of unknown tokens kept for ops per range at most.
 STRAY_CAP = 20
+#: How far before the chain's earliest deposit address a first watching starts: the
+#: clocks of the database and of the chain's block producers may differ (DEPLOY.md asks
+#: for clocks within a minute), and a block is stamped at its slot's start.
+FIRST_LOOK_MARGIN = timedelta(minutes=2)
 
 
 @dataclass
@@ -236,11 +247,7 @@ class ChainWatcher:
             cursor = cursor_store.find_cursor(session, self.chain_id)
             if cursor is not None and cursor.confirmed_block is not None:
                 return
-        if self.start_block is not None:
-            first = self.start_block
-        else:
-            # First start: look back one confirmation depth, for transfers just before.
-            first = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
+        first = self.start_block if self.start_block is not None else self._first_block(head)
         # The block under the first one read is the oldest checkpoint: a reorg deeper than
         # every range read is then still followed from where watching began.
         floor = self.reader.block(first - 1) if first > 0 else None
@@ -264,6 +271,26 @@ class ChainWatcher:
                 cursor.confirmed_block = min(
                     cursor.next_block, oldest if oldest is not None else cursor.next_block
                 )
+
+    def _first_block(self, head: int) -> int:
+        """Where a chain's first watching starts: one confirmation depth back, or, when
+        the chain already has deposit addresses (given out before any worker looked: a
+        first deployment, a worker started late), the first block stamped at or after
+        the earliest of them, less `FIRST_LOOK_MARGIN` for clocks. A deposit sent
+        before the worker first looked is then found, never silently passed."""
+        first = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
+        earliest = first_given_out(self.db, self.chain_id)
+        if earliest is None:
+            return first
+        since = first_block_at(self.reader, earliest - FIRST_LOOK_MARGIN)
+        if since < first:
+            log.info(
+                "chain %s: its first deposit address was given out at %s: reading from block %s",
+                self.chain_id,
+                earliest.isoformat(),
+                since,
+            )
+        return min(first, since)
 
     def _oldest_pending(self) -> int | None:
         pending = self.detection.pending(self.chain_id, 1)
