@@ -1,7 +1,7 @@
 """The sweep as an operator runs it, every command a subprocess: `settle keys new`,
-`settle db upgrade`, `settle core worker` crediting 20 deposits on two anvil chains,
-then `settle sweep plan|sign|send|status` and `settle reconcile`. One `send` is killed
-(SIGKILL) midway and run again; a second `send` moves nothing; the words from
+`settle db upgrade`, `settle core worker` crediting 20 deposits on two anvil chains (mined
+before its first look), then `settle sweep plan|sign|send|status` and `settle reconcile`.
+One `send` is killed (SIGKILL) midway and run again; a second `send` moves nothing; the words from
 `settle keys new` give a deposit address's key in eth-account's own BIP44 derivation."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -33,7 +32,7 @@ from tests.conftest import make_tenant
 from tests.support.pipeline import delete_bus, unique_prefix, wait_until
 from tests.support.processes import ROOT, SettleProcesses, settle_argv
 from tests.support.services import AMQP_URL, create_database, drop_database, require_service
-from tests.support.sweeps import USDC, SweepRig, deposits_on, sweep_chains
+from tests.support.sweeps import DEPTH, USDC, SweepRig, deposits_on, sweep_chains
 
 pytestmark = pytest.mark.e2e
 
@@ -138,28 +137,39 @@ def _run(rig: SweepRig, env: dict[str, str], db: Database, key_file: Path, tmp: 
                 api_key_id=None,
             )
             addresses.setdefault(chain_id, []).append(document["depositAddresses"][0]["address"])
+    # And the deposits are mined and buried before any worker looks (a first deployment):
+    # the watchers' first look reads back to when the addresses were given out
+    deposited: dict[int, dict[str, int]] = {}
+    sent: dict[int, list[str]] = {}
+    for chain_id, node in rig.nodes.items():
+        for n, address in enumerate(addresses[chain_id]):
+            for k in (1, 2):
+                amount = (11 + 5 * n + k) * USDC + 70_001 * k
+                sent.setdefault(chain_id, []).append(
+                    node.transfer(rig.tokens[chain_id], rig.customer, address, amount, wait=False)
+                )
+                held = deposited.setdefault(chain_id, {})
+                held[address] = held.get(address, 0) + amount
+    for chain_id, node in rig.nodes.items():
+        last = max(int(node.wait_mined(h)["blockNumber"], 16) for h in sent[chain_id])
+        wait_until(lambda n=node, b=last: n.head() > b + 2 * DEPTH, 30, "blocks on the deposits")
     with SettleProcesses(env, tmp / "logs") as procs:
         (tmp / "logs").mkdir()
         procs.start("core-worker", "core", "worker", ready=RELAY_READY)
-        time.sleep(1.0)  # the watchers take their first look
-        deposited: dict[int, dict[str, int]] = {}
-        for chain_id, node in rig.nodes.items():
-            for n, address in enumerate(addresses[chain_id]):
-                for k in (1, 2):
-                    amount = (11 + 5 * n + k) * USDC + 70_001 * k
-                    node.transfer(rig.tokens[chain_id], rig.customer, address, amount, wait=False)
-                    held = deposited.setdefault(chain_id, {})
-                    held[address] = held.get(address, 0) + amount
         # When `settle core worker` credits the 20 deposits
-        wait_until(
-            lambda: all(
-                len(ds) == 10 and {d.status for d in ds} == {states.CREDITED}
-                for ds in (deposits_on(db, c) for c in rig.chain_ids)
-            ),
-            150,
-            "20 credited deposits",
-            interval=0.5,
-        )
+        try:
+            wait_until(
+                lambda: all(
+                    len(ds) == 10 and {d.status for d in ds} == {states.CREDITED}
+                    for ds in (deposits_on(db, c) for c in rig.chain_ids)
+                ),
+                150,
+                "20 credited deposits",
+                interval=0.5,
+            )
+        except AssertionError as timed_out:
+            seen = {c: sorted(d.status for d in deposits_on(db, c)) for c in rig.chain_ids}
+            raise AssertionError(f"{timed_out}; deposits seen {seen}\n{procs.logs()}") from None
         first, second = rig.chain_ids
         # And the operator plans, signs offline and sends chain one, and the send is
         # killed once it has broadcast
