@@ -214,6 +214,19 @@ def test_transfer_re_mined_at_another_log_index_moves_its_deposit(
     assert failed_events(pg_db, rig.account.tenant_id) == 0
 
 
+def test_a_first_look_finds_a_deposit_mined_and_buried_before_it(rig: Rig, pg_db: Database) -> None:
+    # Given 42 USDC mined and buried five blocks past the depth before any watcher
+    # looked at the chain (a first deployment; the worker started late)
+    rig.send(42 * USDC)
+    rig.evm.mine(DEPTH + 5)
+    # When the chain's watcher takes its first look (no start block, no cursor), its
+    # reader asking the node's block times over HTTP
+    rig.watcher(start_block=None).tick()
+    # Then the deposit is found, and confirmed at once
+    (deposit,) = deposits_of(pg_db, rig.account)
+    assert deposit.status == states.SOURCE_CONFIRMED and deposit.amount_raw == str(42 * USDC)
+
+
 def test_credited_transfer_re_mined_past_the_depth_is_never_a_second_deposit(
     rig: Rig, pg_db: Database
 ) -> None:

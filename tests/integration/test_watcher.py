@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -432,6 +432,37 @@ def floor_checkpoint(db: Database) -> int:
     return floor
 
 
+def given_out(db: Database, account: AccountRef) -> datetime | None:
+    with db.reader() as session:
+        stamp: datetime | None = session.scalar(
+            sa.select(DepositAddress.created_at)
+            .join(DepositAccount, DepositAccount.pk == DepositAddress.account_pk)
+            .where(DepositAccount.id == account.id, DepositAddress.chain_id == TEST_CHAIN_ID)
+        )
+    return stamp
+
+
+def set_given_out(db: Database, account: AccountRef, **ago: float) -> None:
+    """Say the account's address on the test chain was given out `ago` (timedelta's
+    keywords) before now; nothing given: unknown (NULL, a row from before core_0016)."""
+    with db.transaction() as session:
+        pk = session.scalar(sa.select(DepositAccount.pk).where(DepositAccount.id == account.id))
+        session.execute(
+            sa.update(DepositAddress)
+            .where(DepositAddress.account_pk == pk, DepositAddress.chain_id == TEST_CHAIN_ID)
+            .values(created_at=sa.func.now() - timedelta(**ago) if ago else None)
+        )
+
+
+def set_account_made(db: Database, account: AccountRef, **ago: float) -> None:
+    with db.transaction() as session:
+        session.execute(
+            sa.update(DepositAccount)
+            .where(DepositAccount.id == account.id)
+            .values(created_at=sa.func.now() - timedelta(**ago))
+        )
+
+
 class StampClock:
     """What InMemoryChain stamps the blocks it mines with; settable."""
 
@@ -453,6 +484,7 @@ def test_a_chains_first_watching_finds_a_deposit_sent_before_any_worker_looked(
     # on top, all before any worker watched the chain (a first deployment)
     stamps.at = time.time()
     account = make_account(db, TENANT, parts.registry)
+    assert given_out(db, account) is not None  # the database stamped it
     chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
     chain.mine()
     chain.mine(10)
@@ -476,17 +508,8 @@ def test_an_address_from_before_its_time_was_kept_counts_from_its_accounts_creat
     chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
     chain.mine(19)
     account = make_account(db, TENANT, parts.registry)
-    with db.transaction() as session:
-        session.execute(
-            sa.update(DepositAddress)
-            .where(DepositAddress.chain_id == TEST_CHAIN_ID)
-            .values(created_at=None)
-        )
-        session.execute(
-            sa.update(DepositAccount)
-            .where(DepositAccount.id == account.id)
-            .values(created_at=sa.func.now() - timedelta(minutes=30))
-        )
+    set_given_out(db, account)
+    set_account_made(db, account, minutes=30)
     stamps.at = time.time() - 1700
     chain.transfer(TEST_USDC, SENDER, account.address(), 125_500_000)
     chain.mine()
@@ -510,3 +533,90 @@ def test_a_chain_without_addresses_is_first_read_one_confirmation_depth_back(
     first_watcher(parts, chain).tick()
     # Then it read from three blocks under the head (depth 3), not the chain's history
     assert floor_checkpoint(db) == 40 - 3
+
+
+def test_the_earliest_address_on_the_chain_decides_and_only_this_chains(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given blocks two hours, an hour and half an hour old, then new ones
+    stamps = StampClock(time.time() - 7200)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    chain.mine(9)
+    stamps.at = time.time() - 3600
+    chain.mine(10)  # blocks 10-19
+    # And an address given out 61 minutes ago, sent 10 USDC 50 minutes ago (block 20)
+    old = make_account(db, TENANT, parts.registry)
+    set_given_out(db, old, minutes=61)
+    stamps.at = time.time() - 3000
+    chain.transfer(TEST_USDC, SENDER, old.address(), 10_000_000)
+    chain.mine()
+    # And one given out now, and another chain's address given out two hours ago
+    new = make_account(db, TENANT, parts.registry)
+    with db.transaction() as session:
+        pk = session.scalar(sa.select(DepositAccount.pk).where(DepositAccount.id == new.id))
+        session.add(
+            DepositAddress(
+                account_pk=pk,
+                chain_id=TEST_CHAIN_ID + 1,
+                address=new.address(),
+                created_at=datetime.now(UTC) - timedelta(hours=2),
+            )
+        )
+    stamps.at = time.time()
+    chain.mine(10)
+    # When the chain's watcher takes its first look
+    first_watcher(parts, chain).tick()
+    # Then the older address's deposit is found, read from the hour-old blocks on: the
+    # other chain's address pulled nothing back
+    (deposit,) = deposits_of(db, old)
+    assert deposit.block_number == 20 and deposit.status == states.SOURCE_CONFIRMED
+    assert floor_checkpoint(db) == 9
+
+
+def test_an_address_given_out_after_its_account_counts_from_its_own_time(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given an account made a day ago whose address on this chain was given out now (a
+    # chain activated later: the backfill), on a chain whose first 30 blocks are old
+    stamps = StampClock(time.time() - 86_400)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    chain.mine(29)
+    account = make_account(db, TENANT, parts.registry)
+    set_account_made(db, account, days=1)
+    stamps.at = time.time()
+    chain.mine(40)
+    # When the chain's watcher takes its first look
+    first_watcher(parts, chain).tick()
+    # Then it reads from the address's time, not the account's day of blocks
+    assert floor_checkpoint(db) == 29
+
+
+def test_a_long_look_back_does_not_hold_up_a_deposit_arriving_now(
+    db: Database, parts: DepositParts
+) -> None:
+    # Given an address given out an hour ago, sent 10 USDC 1,500 blocks later, and 1,500
+    # blocks since
+    stamps = StampClock(time.time() - 3600)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    account = make_account(db, TENANT, parts.registry)
+    set_given_out(db, account, minutes=60)
+    chain.mine(1500)
+    chain.transfer(TEST_USDC, SENDER, account.address(), 10_000_000)
+    chain.mine()
+    stamps.at = time.time()
+    chain.mine(1500)
+    # And 20 USDC arriving now
+    chain.transfer(TEST_USDC, SENDER, account.address(), 20_000_000)
+    chain.mine()
+    # When the chain's watcher takes its first look (50 blocks a range, 20 ranges a round)
+    w = first_watcher(parts, chain)
+    w.tick()
+    # Then the deposit arriving now is seen at once, while the look back goes on
+    (now,) = deposits_of(db, account)
+    assert now.amount_raw == "20000000" and now.status == states.SOURCE_SEEN
+    assert w.confirmed_block() <= 1000
+    # And the look back finds the hour-old deposit once it has read that far
+    for _ in range(5):
+        w.tick()
+    old, now = sorted(deposits_of(db, account), key=lambda d: d.block_number or 0)
+    assert old.amount_raw == "10000000" and old.status == states.SOURCE_CONFIRMED

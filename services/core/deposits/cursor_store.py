@@ -29,17 +29,25 @@ def lock_cursor(session: Session, chain_id: int) -> ChainCursor:
 
 
 def create_cursor(
-    session: Session, chain_id: int, first: int, floor: tuple[int, str] | None, now: datetime
+    session: Session,
+    chain_id: int,
+    next_block: int,
+    confirmed_block: int,
+    floor: tuple[int, str] | None,
+    now: datetime,
 ) -> bool:
-    """A new cursor reading from block `first` (both readings), with `floor` (number,
-    hash) as its first checkpoint; False when another worker created one first."""
+    """A new cursor: the reading at the tip from `next_block`, the reading at finality
+    from `confirmed_block` (never above it), with `floor` (number, hash) as its first
+    checkpoint; False when another worker created one first."""
+    if confirmed_block > next_block:
+        raise ValueError(f"confirmed_block {confirmed_block} above next_block {next_block}")
     try:
         with session.begin_nested():
             session.add(
                 ChainCursor(
                     chain_id=chain_id,
-                    next_block=first,
-                    confirmed_block=first,
+                    next_block=next_block,
+                    confirmed_block=confirmed_block,
                     head=None,
                     updated_at=now,
                 )

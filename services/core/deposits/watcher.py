@@ -50,10 +50,11 @@ chain becomes a chain incident for ops (`chain_incidents`, and the
 `settle_chain_incidents_open` metric), a confirmed one not being paid goes to manual
 review, and an unmined payout of one is cancelled.
 
-A chain's first cursor starts one confirmation depth under the head, or, when the
-chain already has deposit addresses, at the block stamped when the earliest of them was
-given out (less a margin for clocks): a deposit sent before any worker looked (a first
-deployment, a worker started after the API) is found, never silently passed.
+A chain's first cursor starts both readings one confirmation depth under the head;
+when the chain already has deposit addresses, the reading at finality starts instead at
+the first block stamped when the earliest of them was given out (less a margin for
+clocks), whichever is lower: a deposit sent before any worker looked (a first deployment,
+a worker started after the API) is found by it, never silently passed.
 
 Before anything (the first cursor included), the node is checked against the chains
 file (`ChainCheck`: its chain id, and with the worker's check each token's decimals):
@@ -247,24 +248,12 @@ class ChainWatcher:
             cursor = cursor_store.find_cursor(session, self.chain_id)
             if cursor is not None and cursor.confirmed_block is not None:
                 return
-        first = self.start_block if self.start_block is not None else self._first_block(head)
-        # The block under the first one read is the oldest checkpoint: a reorg deeper than
-        # every range read is then still followed from where watching began.
-        floor = self.reader.block(first - 1) if first > 0 else None
+        if cursor is None:
+            self._create_cursor(head)
+            return
         with self.db.transaction() as session:
             cursor = cursor_store.find_cursor(session, self.chain_id, lock=True)
-            if cursor is None:
-                created = cursor_store.create_cursor(
-                    session,
-                    self.chain_id,
-                    first,
-                    None if floor is None else (floor.number, floor.hash),
-                    self.detection.clock(),
-                )
-                if not created:
-                    return  # another worker created it
-                log.info("chain %s: watching from block %s", self.chain_id, first)
-            elif cursor.confirmed_block is None:
+            if cursor is not None and cursor.confirmed_block is None:
                 # A cursor from before the reading at finality: start it under the oldest
                 # pending deposit, so every one of them is read again before it counts.
                 oldest = self._oldest_pending()
@@ -272,25 +261,69 @@ class ChainWatcher:
                     cursor.next_block, oldest if oldest is not None else cursor.next_block
                 )
 
-    def _first_block(self, head: int) -> int:
-        """Where a chain's first watching starts: one confirmation depth back, or, when
-        the chain already has deposit addresses (given out before any worker looked: a
-        first deployment, a worker started late), the first block stamped at or after
-        the earliest of them, less `FIRST_LOOK_MARGIN` for clocks. A deposit sent
-        before the worker first looked is then found, never silently passed."""
-        first = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
+    def _create_cursor(self, head: int) -> None:
+        """A chain's first cursor. The reading at the tip starts one confirmation depth
+        under the head (for transfers just before). The reading at finality starts there
+        too, or, when the chain already has deposit addresses (given out before any worker
+        looked: a first deployment, a worker started after the API), at the block of the
+        earliest of them (`_look_back`): it records what it finds there as the reading at
+        the tip would have, so a deposit sent before the first look is found, never
+        silently passed, and a long look back does not hold up the deposits arriving now.
+        `start_block` (tests) starts both readings there."""
+        tip = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
+        if self.start_block is not None:
+            tip = final = self.start_block
+        else:
+            final = min(tip, self._look_back(head))
+        # The block under the first one read is the oldest checkpoint: a reorg deeper than
+        # every range read is then still followed from where watching began.
+        floor = self.reader.block(final - 1) if final > 0 else None
+        with self.db.transaction() as session:
+            created = cursor_store.create_cursor(
+                session,
+                self.chain_id,
+                tip,
+                final,
+                None if floor is None else (floor.number, floor.hash),
+                self.detection.clock(),
+            )
+        if created:  # else another worker created it first
+            log.info(
+                "chain %s: watching from block %s (at finality from block %s)",
+                self.chain_id,
+                tip,
+                final,
+            )
+
+    def _look_back(self, head: int) -> int:
+        """The first block stamped at or after the chain's earliest deposit address was
+        given out, less `FIRST_LOOK_MARGIN` for clocks (head + 1: no address, or no block
+        since)."""
         earliest = first_given_out(self.db, self.chain_id)
         if earliest is None:
-            return first
+            return head + 1
         since = first_block_at(self.reader, earliest - FIRST_LOOK_MARGIN)
-        if since < first:
+        if since > head:
+            # Nothing stamped since the address was given out: the chain has made no block
+            # since (stalled, or a dev chain mining on demand), or its clock is behind the
+            # database's by more than the margin. Said, since it would hide a deposit if
+            # the chain's clock is what is wrong.
+            log.warning(
+                "chain %s: no block is stamped after its first deposit address was given "
+                "out (%s; head %s): is the chain's clock behind the database's?",
+                self.chain_id,
+                earliest.isoformat(),
+                head,
+            )
+        else:
             log.info(
-                "chain %s: its first deposit address was given out at %s: reading from block %s",
+                "chain %s: its first deposit address was given out at %s: reading at "
+                "finality from block %s",
                 self.chain_id,
                 earliest.isoformat(),
                 since,
             )
-        return min(first, since)
+        return since
 
     def _oldest_pending(self) -> int | None:
         pending = self.detection.pending(self.chain_id, 1)

@@ -5,6 +5,9 @@ A chain's watcher, on its first start, reads back to the earliest address on the
 still found. Rows from before this revision keep NULL (their time is not known; the
 account's `created_at` stands in). The column is added without a default and the
 default set after, so no existing row is written (both steps change only the catalog).
+The brief exclusive lock they take waits at most 5 s behind a long transaction on the
+table (a backfill batch, say), rather than queueing every account creation behind
+itself: `settle db upgrade` then fails and is run again.
 
 Revision ID: core_0016
 Revises: core_0015
@@ -23,6 +26,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '5s'")
     op.add_column(
         "deposit_addresses", sa.Column("created_at", sa.DateTime(timezone=True), nullable=True)
     )
