@@ -268,7 +268,8 @@ class ChainWatcher:
         looked: a first deployment, a worker started after the API), at the block of the
         earliest of them (`_look_back`): it records what it finds there as the reading at
         the tip would have, so a deposit sent before the first look is found, never
-        silently passed, and a long look back does not hold up the deposits arriving now.
+        silently passed, and during a long look back the deposits arriving now are seen
+        at once (confirmed when the reading at finality reaches them, as always).
         `start_block` (tests) starts both readings there."""
         tip = max(0, head - self.lag_blocks + 1 - self.chain.confirmations)
         if self.start_block is not None:
