@@ -18,9 +18,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from services.core.addresses import AddressDeriver
 from services.core.deposits import states
-from services.core.deposits.addressbook import GAP_TTL_S, AddressBook
+from services.core.deposits.addressbook import AddressBook
 from services.core.deposits.models import ChainCheckpoint, StrayTransfer
 from services.core.deposits.settlement import Settlement, SimulatedPayer
 from services.core.deposits.watcher import ChainWatcher
@@ -28,7 +27,6 @@ from services.core.evm import InMemoryChain
 from services.core.models import DepositAccount, DepositAddress
 from shared import components, migrate
 from shared.db import Database
-from tests.support import keys
 from tests.support.deposits import (
     ODD_TOKEN,
     SENDER,
@@ -40,7 +38,6 @@ from tests.support.deposits import (
     deposit_parts,
     deposits_of,
     events_of,
-    insert_account,
     make_account,
     set_fee,
     small_registry,
@@ -345,68 +342,6 @@ def test_addresses_are_loaded_once_then_only_the_new_ones(
     assert len(book) == 22 and book.rows_read <= 3
     (deposit,) = deposits_of(db, late)
     assert deposit.status == states.SOURCE_SEEN
-
-
-def test_an_address_committed_after_newer_ones_were_loaded_is_watched_at_once(
-    db: Database, parts: DepositParts, chain: InMemoryChain
-) -> None:
-    # Given an account whose transaction drew its key and then stalled (uncommitted)
-    registry_chain = parts.registry.get(TEST_CHAIN_ID)
-    assert registry_chain is not None
-    book = AddressBook(db, TEST_CHAIN_ID, overlap_keys=2, recount_s=3600)
-    w = ChainWatcher(
-        parts.detection, registry_chain, chain, lag_blocks=0, start_block=1, addresses=book
-    )
-    w.tick()
-    stalled = Database(db.url, pool_size=1)
-    try:
-        with stalled.transaction() as session:
-            late = insert_account(session, parts.registry, AddressDeriver(keys.test_xpub()), TENANT)
-            # And five newer accounts committed meanwhile, loaded by the watcher: the late
-            # key is now further under the newest than the keys read again each round
-            for _ in range(5):
-                make_account(db, TENANT, parts.registry)
-            w.tick()
-            assert len(book) == 5
-        # When it commits and its address (given out only now) is sent 3 USDC, buried
-        # past the depth, long before the next count of the chain's addresses
-        chain.transfer(TEST_USDC, SENDER, late.address(), 3_000_000)
-        chain.mine()
-        w.tick()
-        chain.mine(3)
-        w.tick()
-    finally:
-        stalled.dispose()
-    # Then the deposit is seen and confirmed, not passed by both readings
-    (deposit,) = deposits_of(db, late)
-    assert deposit.status == states.SOURCE_CONFIRMED
-    assert len(book) == 6
-
-
-def test_a_key_no_row_ever_shows_is_asked_for_ten_minutes_then_forgotten(
-    db: Database, parts: DepositParts
-) -> None:
-    # Given an account creation rolled back after drawing its key, and three newer ones
-    clock = StampClock(1000.0)
-    book = AddressBook(db, TEST_CHAIN_ID, overlap_keys=2, recount_s=1e9, monotonic=clock)
-    make_account(db, TENANT, parts.registry)
-    book.refresh()
-    with pytest.raises(RuntimeError), db.transaction() as session:
-        insert_account(session, parts.registry, AddressDeriver(keys.test_xpub()), TENANT)
-        raise RuntimeError("rolled back")
-    for _ in range(3):
-        make_account(db, TENANT, parts.registry)
-    # When the book is refreshed
-    book.refresh()
-    # Then the key without a row is remembered, and asked for by itself
-    assert (len(book), book.waiting) == (4, 1)
-    clock.at += GAP_TTL_S
-    book.refresh()
-    assert book.waiting == 1
-    # And forgotten once it has waited longer than GAP_TTL_S
-    clock.at += 1
-    book.refresh()
-    assert (len(book), book.waiting) == (4, 0)
 
 
 def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(

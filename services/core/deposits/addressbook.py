@@ -2,16 +2,11 @@
 
 A block's `Transfer` logs are matched here, not by the node (a topic filter of a million
 addresses is a thousand `eth_getLogs` calls). The set is loaded once, then only rows
-added since are read: new accounts get higher `account_pk`s, and the last thousand keys
-are read again in case a transaction that drew a lower key committed late. A key in that
-window that no row shows (a transaction still open, or rolled back) is remembered and
-asked for by itself each round until it shows, for up to ten minutes: a transaction
-that stalled while a burst of newer accounts committed past the window is watched as
-soon as it commits, not at the next count (a deposit to it, buried past a short depth
-within that minute, would otherwise be passed by both readings). Rows never go away, so
-a count that differs from the set's size means something was missed (an address
-backfilled for an old account on a newly active chain): the set is then read whole
-again. The count is checked every `recount_s` seconds.
+added since are read: new accounts get higher `account_pk`s, and the last few seconds'
+range is read again in case a transaction that drew a lower key committed late. Rows
+never go away, so a count that differs from the set's size means something was missed
+(an address backfilled for an old account on a newly active chain): the set is then
+read whole again. The count is checked every `recount_s` seconds.
 
 Keys are the 160-bit addresses as Python ints: a million of them take ~80 MB, half
 what the hex strings would.
@@ -26,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from services.core.models import DepositAccount, DepositAddress
 from shared.db import Database, DriverStatement, driver_rows
@@ -37,9 +31,6 @@ log = logging.getLogger(__name__)
 OVERLAP_KEYS = 1_000
 #: Seconds between counts of the chain's addresses (a full reload when they differ).
 RECOUNT_S = 60.0
-#: Seconds a key no row has shown yet is asked for; keys remembered at most.
-GAP_TTL_S = 600.0
-MAX_GAPS = 10_000
 
 
 def address_key(address: str) -> int:
@@ -56,10 +47,6 @@ _COUNT = (
 _SINCE = sa.select(_TABLE.c.account_pk, _TABLE.c.address).where(
     _TABLE.c.chain_id == sa.bindparam("chain_id"),
     _TABLE.c.account_pk > sa.bindparam("since", type_=sa.BigInteger()),
-)
-_KEYS = sa.select(_TABLE.c.account_pk, _TABLE.c.address).where(
-    _TABLE.c.chain_id == sa.bindparam("chain_id"),
-    _TABLE.c.account_pk == sa.any_(sa.bindparam("pks", type_=ARRAY(sa.BigInteger()))),
 )
 
 
@@ -98,8 +85,6 @@ class AddressBook:
         self._monotonic = monotonic
         self._keys: set[int] = set()
         self._high = -1
-        #: Account keys under the highest seen that no row has shown yet -> when noticed.
-        self._gaps: dict[int, float] = {}
         self._recount_due = 0.0
         #: Rows read from the database by the last refresh (for tests and figures).
         self.rows_read = 0
@@ -110,11 +95,6 @@ class AddressBook:
 
     def __len__(self) -> int:
         return len(self._keys)
-
-    @property
-    def waiting(self) -> int:
-        """Account keys under the highest seen that no row has shown yet."""
-        return len(self._gaps)
 
     def refresh(self) -> None:
         """Add addresses created since the last refresh; reload whole when a count differs."""
@@ -136,7 +116,6 @@ class AddressBook:
                     self._load(conn, since=-1)
                     return
             self._load(conn, since=self._high - self.overlap_keys)
-            self._ask_gaps(conn, now)
 
     def _statement(self, name: str, statement: sa.Select[Any]) -> DriverStatement:
         return self.db.attachment(f"addressbook.{name}", lambda d: d.driver_statement(statement))
@@ -148,49 +127,12 @@ class AddressBook:
         read = 0
         keys = self._keys
         high = self._high
-        #: The keys read among the newest MAX_GAPS (a key there when read stays there:
-        #: the highest only grows), pruned as the highest moves.
-        shown: set[int] = set()
         with conn.cursor() as cur:
             cur.execute(statement.sql, statement.bind({**self._values, "since": since}))
             for pk, address in cur:
                 keys.add(int(address[2:], 16))
                 if pk > high:
                     high = pk
-                if pk > high - MAX_GAPS:
-                    shown.add(pk)
-                    if len(shown) > 4 * MAX_GAPS:
-                        shown = {k for k in shown if k > high - MAX_GAPS}
                 read += 1
         self._high = high
         self.rows_read = read
-        # Every committed row above `since` was read: a key there (among the newest
-        # MAX_GAPS) without one is a transaction still open, or rolled back.
-        now = self._monotonic()
-        gaps = self._gaps
-        for pk in shown:
-            gaps.pop(pk, None)
-        for pk in range(max(since + 1, high - MAX_GAPS + 1, 1), high + 1):
-            if pk not in shown:
-                gaps.setdefault(pk, now)
-
-    def _ask_gaps(self, conn: Any, now: float) -> None:
-        """Ask for the remembered keys under the window by key; forget the old ones."""
-        gaps = self._gaps
-        if not gaps:
-            return
-        for pk in [pk for pk, noticed in gaps.items() if now - noticed > GAP_TTL_S]:
-            del gaps[pk]
-        if len(gaps) > MAX_GAPS:
-            for pk in sorted(gaps)[: len(gaps) - MAX_GAPS]:
-                del gaps[pk]
-        below = [pk for pk in gaps if pk <= self._high - self.overlap_keys]
-        if not below:
-            return
-        statement = self._statement("keys", _KEYS)
-        with conn.cursor() as cur:
-            cur.execute(statement.sql, statement.bind({**self._values, "pks": below}))
-            for pk, address in cur:
-                self._keys.add(int(address[2:], 16))
-                gaps.pop(pk, None)
-                self.rows_read += 1
