@@ -13,8 +13,11 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -342,6 +345,90 @@ def test_addresses_are_loaded_once_then_only_the_new_ones(
     assert len(book) == 22 and book.rows_read <= 3
     (deposit,) = deposits_of(db, late)
     assert deposit.status == states.SOURCE_SEEN
+
+
+class CutAddressReads:
+    """`Database.driver_autocommit` for an address set: while armed, its next read of
+    address rows fails as a failover cuts a statement (PostgreSQL is real; only that one
+    answer is lost)."""
+
+    def __init__(self, db: Database) -> None:
+        self.real = db.driver_autocommit
+        self.armed = False
+
+    @contextmanager
+    def __call__(self, **kwargs: bool) -> Iterator[Any]:
+        with self.real(**kwargs) as conn:
+            yield _CuttingConnection(conn, self)
+
+
+class _CuttingConnection:
+    def __init__(self, conn: Any, cut: CutAddressReads) -> None:
+        self._conn, self._cut = conn, cut
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    @contextmanager
+    def cursor(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self._conn.cursor(*args, **kwargs) as cur:
+            yield _CuttingCursor(cur, self._cut)
+
+
+class _CuttingCursor:
+    def __init__(self, cur: Any, cut: CutAddressReads) -> None:
+        self._cur, self._cut = cur, cut
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur)
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._cut.armed and "account_pk >" in str(query):
+            self._cut.armed = False
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return self._cur.execute(query, *args, **kwargs)
+
+
+def test_a_reload_cut_midway_keeps_the_addresses_it_had_and_counts_again(
+    db: Database, parts: DepositParts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an address set of four accounts' addresses, counted once a minute, re-reading
+    # one key under the newest each round
+    clock = StampClock(0.0)
+    book = AddressBook(db, TEST_CHAIN_ID, overlap_keys=1, recount_s=60, monotonic=clock)
+    oldest = make_account(db, TENANT, parts.registry)
+    for _ in range(4):
+        make_account(db, TENANT, parts.registry)
+    with db.transaction() as session:
+        row = session.scalar(
+            sa.select(DepositAddress).where(
+                DepositAddress.account_pk == oldest.pk, DepositAddress.chain_id == TEST_CHAIN_ID
+            )
+        )
+        assert row is not None
+        kept = {c.key: getattr(row, c.key) for c in sa.inspect(DepositAddress).column_attrs}
+        session.delete(row)
+    book.refresh()
+    assert len(book) == 4
+    # When the oldest account's address is added back (a backfill, under the re-read
+    # keys), a minute later the count differs, and the reload is cut
+    with db.transaction() as session:
+        session.add(DepositAddress(**kept))
+    cut = CutAddressReads(db)
+    monkeypatch.setattr(db, "driver_autocommit", cut)
+    clock.at = 61.0
+    cut.armed = True
+    with pytest.raises(psycopg.OperationalError):
+        book.refresh()
+    # Then the set keeps the four addresses it had, not a part of a reload
+    assert len(book) == 4
+    # And the next round counts again and reloads, rather than waiting a minute
+    clock.at = 62.0
+    book.refresh()
+    assert len(book) == 5
 
 
 def test_restart_resumes_from_the_cursor_without_missing_or_double_counting(

@@ -104,7 +104,6 @@ class AddressBook:
         with self.db.driver_autocommit(writes=False) as conn:
             if self._high < 0 or now >= self._recount_due:
                 count = driver_rows(conn, self._statement("count", _COUNT), self._values)[0][0]
-                self._recount_due = now + self.recount_s
                 if count != len(self._keys):
                     if self._high >= 0:
                         log.warning(
@@ -114,18 +113,22 @@ class AddressBook:
                             len(self._keys),
                         )
                     self._load(conn, since=-1)
+                    # Only once the reload is whole: one cut (a failover) counts again
+                    # next round, instead of a minute on a set missing what it missed.
+                    self._recount_due = now + self.recount_s
                     return
+                self._recount_due = now + self.recount_s
             self._load(conn, since=self._high - self.overlap_keys)
 
     def _statement(self, name: str, statement: sa.Select[Any]) -> DriverStatement:
         return self.db.attachment(f"addressbook.{name}", lambda d: d.driver_statement(statement))
 
     def _load(self, conn: Any, *, since: int) -> None:
-        if since < 0:
-            self._keys = set()
+        """Add the rows above `since`; from -1, read the set whole into a new one, which
+        replaces the old only once read (a read cut midway keeps the set it had)."""
         statement = self._statement("since", _SINCE)
         read = 0
-        keys = self._keys
+        keys: set[int] = set() if since < 0 else self._keys
         high = self._high
         with conn.cursor() as cur:
             cur.execute(statement.sql, statement.bind({**self._values, "since": since}))
@@ -134,5 +137,6 @@ class AddressBook:
                 if pk > high:
                     high = pk
                 read += 1
+        self._keys = keys
         self._high = high
         self.rows_read = read
