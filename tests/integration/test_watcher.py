@@ -349,8 +349,8 @@ def test_addresses_are_loaded_once_then_only_the_new_ones(
 
 class CutAddressReads:
     """`Database.driver_autocommit` for an address set: while armed, its next read of
-    address rows fails as a failover cuts a statement (PostgreSQL is real; only that one
-    answer is lost)."""
+    address rows fails after two rows, as a failover cuts a read (PostgreSQL is real and
+    runs the statement; only the rest of that one answer is lost)."""
 
     def __init__(self, db: Database) -> None:
         self.real = db.driver_autocommit
@@ -378,18 +378,22 @@ class _CuttingConnection:
 class _CuttingCursor:
     def __init__(self, cur: Any, cut: CutAddressReads) -> None:
         self._cur, self._cut = cur, cut
+        self._rows_before_cut: int | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cur, name)
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cur)
-
     def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
         if self._cut.armed and "account_pk >" in str(query):
             self._cut.armed = False
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
+            self._rows_before_cut = 2
         return self._cur.execute(query, *args, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        for n, row in enumerate(self._cur):
+            if n == self._rows_before_cut:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            yield row
 
 
 def test_a_reload_cut_midway_keeps_the_addresses_it_had_and_counts_again(

@@ -127,7 +127,7 @@ class AddressBook:
         """Add the rows above `since`; from -1, read the set whole into a new one, which
         replaces the old only once read (a read cut midway keeps the set it had)."""
         statement = self._statement("since", _SINCE)
-        read = 0
+        self.rows_read = read = 0
         keys: set[int] = set() if since < 0 else self._keys
         high = self._high
         with conn.cursor() as cur:
