@@ -564,13 +564,21 @@ class StampClock:
         return self.at
 
 
+def aged_chain(seconds_ago: float, blocks: int) -> tuple[InMemoryChain, StampClock]:
+    """A chain whose first `blocks` blocks (genesis included) were stamped `seconds_ago`;
+    set the clock's `at` to stamp the next ones otherwise."""
+    stamps = StampClock(time.time() - seconds_ago)
+    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    if blocks > 1:
+        chain.mine(blocks - 1)
+    return chain, stamps
+
+
 def test_a_chains_first_watching_finds_a_deposit_sent_before_any_worker_looked(
     db: Database, parts: DepositParts
 ) -> None:
     # Given a chain whose first 30 blocks are an hour old
-    stamps = StampClock(time.time() - 3600)
-    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
-    chain.mine(29)
+    chain, stamps = aged_chain(3600, blocks=30)
     # And an account given its address now, sent 125.50 USDC in block 30, and ten blocks
     # on top, all before any worker watched the chain (a first deployment)
     stamps.at = time.time()
@@ -595,9 +603,7 @@ def test_an_address_from_before_its_time_was_kept_counts_from_its_accounts_creat
 ) -> None:
     # Given an account made half an hour ago whose address has no time of its own (a
     # row from before core_0016), on a chain with blocks an hour and half an hour old
-    stamps = StampClock(time.time() - 3600)
-    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
-    chain.mine(19)
+    chain, stamps = aged_chain(3600, blocks=20)
     account = make_account(db, TENANT, parts.registry)
     set_given_out(db, account)
     set_account_made(db, account, minutes=30)
@@ -630,9 +636,7 @@ def test_the_earliest_address_on_the_chain_decides_and_only_this_chains(
     db: Database, parts: DepositParts
 ) -> None:
     # Given blocks two hours, an hour and half an hour old, then new ones
-    stamps = StampClock(time.time() - 7200)
-    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
-    chain.mine(9)
+    chain, stamps = aged_chain(7200, blocks=10)
     stamps.at = time.time() - 3600
     chain.mine(10)  # blocks 10-19
     # And an address given out 61 minutes ago, sent 10 USDC 50 minutes ago (block 20)
@@ -669,9 +673,7 @@ def test_an_address_given_out_after_its_account_counts_from_its_own_time(
 ) -> None:
     # Given an account made a day ago whose address on this chain was given out now (a
     # chain activated later: the backfill), on a chain whose first 30 blocks are old
-    stamps = StampClock(time.time() - 86_400)
-    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
-    chain.mine(29)
+    chain, stamps = aged_chain(86_400, blocks=30)
     account = make_account(db, TENANT, parts.registry)
     set_account_made(db, account, days=1)
     stamps.at = time.time()
@@ -687,11 +689,9 @@ def test_a_long_look_back_does_not_hold_up_a_deposit_arriving_now(
 ) -> None:
     # Given an address given out an hour ago, sent 10 USDC 1,500 blocks later, and 1,500
     # blocks since
-    stamps = StampClock(time.time() - 3600)
-    chain = InMemoryChain(TEST_CHAIN_ID, clock=stamps)
+    chain, stamps = aged_chain(3600, blocks=1501)
     account = make_account(db, TENANT, parts.registry)
     set_given_out(db, account, minutes=60)
-    chain.mine(1500)
     chain.transfer(TEST_USDC, SENDER, account.address(), 10_000_000)
     chain.mine()
     stamps.at = time.time()
